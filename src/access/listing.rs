@@ -1,0 +1,38 @@
+//! Listing (policy-core §4.10): *the same function*, applied to every
+//! declared capability with usage not consulted. Visibility is not a separate
+//! filter that could drift from authorisation.
+
+use super::{evaluate, CapabilityRule, Decision, Instant, Limits, Ruleset, Usage};
+use crate::accounts::AccountRef;
+use crate::principals::Principal;
+
+/// A capability the principal may see, with the account and ceiling a call
+/// would run under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VisibleCapability<'a> {
+    pub capability: &'a CapabilityRule,
+    pub account: &'a AccountRef,
+    pub limits: Option<&'a Limits>,
+    /// The winning grant's pointer.
+    pub path: &'a str,
+}
+
+/// The capabilities `principal` may see, in declaration order. Ceilings are
+/// not consulted, so a `calls: 0` grant still lists its tools.
+pub fn visible<'a>(ruleset: &'a Ruleset, principal: &Principal, at: Instant) -> Vec<VisibleCapability<'a>> {
+    ruleset
+        .capabilities()
+        .iter()
+        .filter_map(|capability| {
+            match evaluate(ruleset, principal, &capability.id, at, Usage::NotConsulted) {
+                Decision::Allow(allow) => Some(VisibleCapability {
+                    capability,
+                    account: allow.account,
+                    limits: allow.limits,
+                    path: allow.reason.path,
+                }),
+                Decision::Deny(_) => None,
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,261 @@
+//! The compiled model (policy-core §2.5) and how it is read off a document
+//! that satisfied the schema.
+
+use crate::access::{Grant, Limits, Ruleset};
+use crate::accounts::{Account, AccountRef, SecretRef};
+use crate::capabilities::{Capability, ToolIndex, ToolMapping, Transport, Upstream};
+use crate::principals::{Issuer, IssuerKind};
+
+use super::document::{Document, NodeRef};
+use super::{pointer, syntax};
+
+/// A policy that compiled: everything evaluation, listing and the service need.
+#[derive(Debug, Clone)]
+pub struct CompiledPolicy {
+    /// `sha256:<hex>` of the artifact's bytes.
+    pub version: String,
+    pub capabilities: Vec<Capability>,
+    pub upstreams: Vec<Upstream>,
+    pub accounts: Vec<Account>,
+    pub issuers: Vec<Issuer>,
+    /// The projection evaluation consumes; secret references never enter it.
+    pub ruleset: Ruleset,
+    /// Exposed name → tool, from the catalog (or the mappings without one).
+    pub tools: ToolIndex,
+}
+
+impl CompiledPolicy {
+    pub fn issuer(&self, id: &str) -> Option<&Issuer> {
+        self.issuers.iter().find(|issuer| issuer.id == id)
+    }
+
+    pub fn account(&self, id: &str) -> Option<&Account> {
+        self.accounts.iter().find(|account| account.id == id)
+    }
+
+    pub fn issuer_ids(&self) -> Vec<String> {
+        self.issuers.iter().map(|issuer| issuer.id.clone()).collect()
+    }
+}
+
+/// A grant as written, before accounts are resolved.
+#[derive(Debug, Clone)]
+pub(crate) struct RawGrant {
+    pub issuer: String,
+    pub selector: Vec<(String, String)>,
+    pub capabilities: Vec<String>,
+    pub using: String,
+    pub limits: Option<Limits>,
+    pub path: String,
+}
+
+/// The declarations of a schema-valid document, in file order.
+#[derive(Debug, Clone)]
+pub(crate) struct Declared {
+    pub capabilities: Vec<Capability>,
+    /// Whether the artifact has an `upstreams` key at all.
+    pub upstreams: Vec<Upstream>,
+    pub accounts: Vec<Account>,
+    pub issuers: Vec<Issuer>,
+    pub grants: Vec<RawGrant>,
+}
+
+fn text(node: Option<NodeRef<'_>>) -> String {
+    node.and_then(NodeRef::as_str).unwrap_or_default().to_owned()
+}
+
+fn string_pairs(node: Option<NodeRef<'_>>) -> Vec<(String, String)> {
+    node.map(|node| {
+        node.entries()
+            .map(|(entry, value)| (entry.key.clone(), text(Some(value))))
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+fn indexed<'d>(node: Option<NodeRef<'d>>) -> impl Iterator<Item = (usize, NodeRef<'d>)> {
+    node.into_iter().flat_map(NodeRef::items).enumerate()
+}
+
+impl Declared {
+    /// Reads the declarations. The document must have passed the schema.
+    pub fn read(document: &Document) -> Declared {
+        let root = document.root();
+        let get = |key: &str| root.and_then(|root| root.get(key));
+
+        let capabilities = indexed(get("capabilities"))
+            .map(|(i, node)| Capability {
+                id: text(node.get("id")),
+                description: node.get("description").and_then(NodeRef::as_str).map(str::to_owned),
+                realized: false,
+                path: pointer::join(["capabilities", &i.to_string()]),
+            })
+            .collect();
+
+        let upstreams = indexed(get("upstreams"))
+            .map(|(u, node)| {
+                let id = text(node.get("id"));
+                let transport = node.get("transport");
+                let field = |key: &str| transport.and_then(|t| t.get(key));
+                let transport = if field("kind").and_then(NodeRef::as_str) == Some("mcp-http") {
+                    Transport::Http { url: text(field("url")) }
+                } else {
+                    Transport::Stdio {
+                        command: text(field("command")),
+                        args: field("args")
+                            .into_iter()
+                            .flat_map(NodeRef::items)
+                            .map(|arg| text(Some(arg)))
+                            .collect(),
+                    }
+                };
+                let tools = indexed(node.get("tools"))
+                    .map(|(t, tool)| ToolMapping {
+                        upstream: id.clone(),
+                        name: text(tool.get("name")),
+                        capability: text(tool.get("capability")),
+                        path: pointer::join(["upstreams", &u.to_string(), "tools", &t.to_string()]),
+                    })
+                    .collect();
+                Upstream {
+                    id,
+                    transport,
+                    tools,
+                    path: pointer::join(["upstreams", &u.to_string()]),
+                }
+            })
+            .collect();
+
+        let accounts = indexed(get("accounts"))
+            .map(|(a, node)| Account {
+                id: text(node.get("id")),
+                disabled: node.get("disabled").and_then(NodeRef::as_bool).unwrap_or(false),
+                secret_ref: SecretRef::new(text(node.get("secret").and_then(|s| s.get("ref")))),
+                path: pointer::join(["accounts", &a.to_string()]),
+            })
+            .collect();
+
+        let issuers = indexed(get("principals").and_then(|p| p.get("issuers")))
+            .map(|(i, node)| Issuer {
+                id: text(node.get("id")),
+                kind: node
+                    .get("kind")
+                    .and_then(NodeRef::as_str)
+                    .and_then(IssuerKind::parse)
+                    .unwrap_or(IssuerKind::StaticKey),
+                attributes: string_pairs(node.get("attributes")),
+                subject: node.get("subject").and_then(NodeRef::as_str).map(str::to_owned),
+                secret_ref: node
+                    .get("secret")
+                    .and_then(|s| s.get("ref"))
+                    .and_then(NodeRef::as_str)
+                    .map(str::to_owned),
+                path: pointer::join(["principals", "issuers", &i.to_string()]),
+            })
+            .collect();
+
+        let grants = indexed(get("grants"))
+            .map(|(g, node)| {
+                let to = node.get("to");
+                RawGrant {
+                    issuer: text(to.and_then(|to| to.get("issuer"))),
+                    selector: string_pairs(to.and_then(|to| to.get("attributes"))),
+                    capabilities: node
+                        .get("capabilities")
+                        .into_iter()
+                        .flat_map(NodeRef::items)
+                        .map(|c| text(Some(c)))
+                        .collect(),
+                    using: text(node.get("using")),
+                    limits: node.get("limits").map(|limits| {
+                        let per = text(limits.get("per"));
+                        let calls = limits
+                            .get("calls")
+                            .and_then(NodeRef::as_number)
+                            .and_then(|n| n.as_integer())
+                            .unwrap_or(0);
+                        Limits {
+                            // Beyond u64 no count can reach it: saturate (docs/decisions).
+                            calls: u64::try_from(calls.max(0)).unwrap_or(u64::MAX),
+                            window_ms: syntax::window_ms(&per)
+                                .and_then(|w| u64::try_from(w).ok())
+                                .unwrap_or(u64::MAX),
+                            per,
+                        }
+                    }),
+                    path: pointer::join(["grants", &g.to_string()]),
+                }
+            })
+            .collect();
+
+        Declared {
+            capabilities,
+            upstreams,
+            accounts,
+            issuers,
+            grants,
+        }
+    }
+
+    pub fn mappings(&self) -> impl Iterator<Item = &ToolMapping> {
+        self.upstreams.iter().flat_map(|upstream| upstream.tools.iter())
+    }
+
+    /// Builds the evaluable policy; only called when no error was found.
+    pub fn into_policy(mut self, version: String, tools: ToolIndex, realized_by_catalog: Option<&[String]>) -> CompiledPolicy {
+        for capability in &mut self.capabilities {
+            capability.realized = match realized_by_catalog {
+                Some(covered) => covered.iter().any(|c| *c == capability.id),
+                None => self.upstreams.iter().flat_map(|u| &u.tools).any(|t| t.capability == capability.id),
+            };
+        }
+        let account_ref = |id: &str| {
+            // The last declaration wins, as for every look-up; an unresolved id
+            // is projected as disabled (unreachable after a clean compile).
+            self.accounts
+                .iter()
+                .rev()
+                .find(|account| account.id == id)
+                .map_or(
+                    AccountRef {
+                        id: id.to_owned(),
+                        disabled: true,
+                    },
+                    |account| AccountRef {
+                        id: account.id.clone(),
+                        disabled: account.disabled,
+                    },
+                )
+        };
+        let grants = self
+            .grants
+            .iter()
+            .map(|raw| Grant {
+                issuer: raw.issuer.clone(),
+                selector: raw.selector.clone(),
+                capabilities: raw.capabilities.clone(),
+                account: account_ref(&raw.using),
+                limits: raw.limits.clone(),
+                path: raw.path.clone(),
+            })
+            .collect();
+        let rules = self
+            .capabilities
+            .iter()
+            .map(|c| crate::access::CapabilityRule {
+                id: c.id.clone(),
+                realized: c.realized,
+                path: c.path.clone(),
+            })
+            .collect();
+        CompiledPolicy {
+            version,
+            ruleset: Ruleset::new(rules, grants),
+            capabilities: self.capabilities,
+            upstreams: self.upstreams,
+            accounts: self.accounts,
+            issuers: self.issuers,
+            tools,
+        }
+    }
+}

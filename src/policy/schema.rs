@@ -1,0 +1,498 @@
+//! Schema validation (policy-core §1.2–§1.6): the artifact's JSON Schema,
+//! checked directly on the parsed document so that every violation carries
+//! the exact granularity, pointer and order the spec fixes — one diagnostic
+//! per failing leaf keyword, deeper paths first, equal depth in document
+//! order, de-duplicated on (path, keyword, key).
+//!
+//! The same constraints are published as a JSON Schema document
+//! (`capgate schema`, [`SCHEMA_JSON`]); `tests/schema_oracle.rs` checks that
+//! this validator and an independent JSON Schema implementation running the
+//! published document agree on generated artifacts.
+
+use std::collections::HashSet;
+
+use super::document::{Document, NodeRef, Value};
+use super::{pointer, syntax, Code, Diagnostic, Severity};
+
+/// The artifact's JSON Schema (draft 2020-12), as printed by `capgate schema`.
+pub const SCHEMA_JSON: &str = include_str!("schema.json");
+
+/// The largest window a `per` may denote: 2^53 ms (policy-core §1.6, ours).
+pub const MAX_WINDOW_MS: u128 = 1 << 53;
+
+struct Violation {
+    path: String,
+    keyword: &'static str,
+    key: Option<String>,
+    message: String,
+}
+
+#[derive(Default)]
+struct Validator {
+    found: Vec<Violation>,
+}
+
+/// Validates a parsed artifact; empty when it satisfies the schema.
+pub fn validate(document: &Document) -> Vec<Diagnostic> {
+    let mut validator = Validator::default();
+    match document.root() {
+        Some(root) => validator.root(root),
+        None => validator.report("", "type", None, "the document is empty; expected an object"),
+    }
+    let mut found = validator.found;
+    // Deeper first; the sort is stable, so equal depths keep document order.
+    found.sort_by_key(|violation| std::cmp::Reverse(pointer::segments(&violation.path).len()));
+    let mut seen = HashSet::new();
+    found
+        .into_iter()
+        .filter(|v| seen.insert((v.path.clone(), v.keyword, v.key.clone())))
+        .map(|violation| Diagnostic {
+            severity: Severity::Error,
+            code: Code::SchemaViolation,
+            position: document.resolve(&violation.path),
+            message: violation.message,
+            path: violation.path,
+            related: Vec::new(),
+        })
+        .collect()
+}
+
+fn child(path: &str, segment: &str) -> String {
+    format!("{path}/{}", pointer::escape(segment))
+}
+
+fn describe(node: NodeRef<'_>) -> &'static str {
+    match node.value() {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Sequence(_) => "an array",
+        Value::Mapping(_) => "an object",
+        Value::Alias(_) => "an alias",
+    }
+}
+
+type Check = fn(&mut Validator, NodeRef<'_>, &str);
+
+/// A closed object's properties: name and how to check its value.
+struct Shape {
+    required: &'static [&'static str],
+    properties: &'static [(&'static str, Check)],
+}
+
+impl Validator {
+    fn report(&mut self, path: &str, keyword: &'static str, key: Option<&str>, message: impl Into<String>) {
+        self.found.push(Violation {
+            path: path.to_owned(),
+            keyword,
+            key: key.map(str::to_owned),
+            message: message.into(),
+        });
+    }
+
+    /// `type: object`, `required`, `properties` and `additionalProperties: false`.
+    fn object(&mut self, node: NodeRef<'_>, path: &str, what: &str, shape: &Shape) {
+        if !node.is_mapping() {
+            let found = describe(node);
+            self.report(path, "type", None, format!("{what} must be an object, found {found}"));
+            return;
+        }
+        for required in shape.required {
+            if node.get(required).is_none() {
+                self.report(
+                    path,
+                    "required",
+                    Some(required),
+                    format!("{what} is missing the required property `{required}`"),
+                );
+            }
+        }
+        for (entry, value) in node.entries() {
+            match shape.properties.iter().find(|(name, _)| *name == entry.key) {
+                Some((name, check)) => check(self, value, &child(path, name)),
+                None => self.report(
+                    path,
+                    "additionalProperties",
+                    Some(&entry.key),
+                    format!("{what} does not allow the property `{}`", entry.key),
+                ),
+            }
+        }
+    }
+
+    fn array(&mut self, node: NodeRef<'_>, path: &str, what: &str, item: Check) {
+        if !node.is_sequence() {
+            let found = describe(node);
+            self.report(path, "type", None, format!("`{what}` must be an array, found {found}"));
+            return;
+        }
+        for (index, value) in node.items().enumerate() {
+            item(self, value, &child(path, &index.to_string()));
+        }
+    }
+
+    fn string<'d>(&mut self, node: NodeRef<'d>, path: &str) -> Option<&'d str> {
+        let text = node.as_str();
+        if text.is_none() {
+            let found = describe(node);
+            self.report(path, "type", None, format!("`{}` must be a string, found {found}", last(path)));
+        }
+        text
+    }
+
+    fn non_empty_string(&mut self, node: NodeRef<'_>, path: &str) {
+        if self.string(node, path).is_some_and(str::is_empty) {
+            self.report(path, "minLength", None, format!("`{}` must not be empty", last(path)));
+        }
+    }
+
+    fn patterned(&mut self, node: NodeRef<'_>, path: &str, name: &str, pattern: &str, check: fn(&str) -> bool) {
+        if let Some(text) = self.string(node, path) {
+            if !check(text) {
+                self.report(
+                    path,
+                    "pattern",
+                    None,
+                    format!("`{text}` is not a valid {name} (pattern `{pattern}`)"),
+                );
+            }
+        }
+    }
+
+    fn uri(&mut self, node: NodeRef<'_>, path: &str) {
+        if let Some(text) = self.string(node, path) {
+            if !syntax::is_uri(text) {
+                self.report(path, "format", None, format!("`{text}` is not an absolute URI (RFC 3986)"));
+            }
+        }
+    }
+
+    fn boolean(&mut self, node: NodeRef<'_>, path: &str) {
+        if node.as_bool().is_none() {
+            let found = describe(node);
+            self.report(path, "type", None, format!("`{}` must be a boolean, found {found}", last(path)));
+        }
+    }
+
+    fn string_map(&mut self, node: NodeRef<'_>, path: &str) {
+        if !node.is_mapping() {
+            let found = describe(node);
+            self.report(path, "type", None, format!("`attributes` must be an object, found {found}"));
+            return;
+        }
+        for (entry, value) in node.entries() {
+            let at = child(path, &entry.key);
+            match value.as_str() {
+                None => {
+                    let found = describe(value);
+                    self.report(
+                        &at,
+                        "type",
+                        None,
+                        format!("the value of attribute `{}` must be a string, found {found} (quote it)", entry.key),
+                    );
+                }
+                Some("") => self.report(
+                    &at,
+                    "minLength",
+                    None,
+                    format!("the value of attribute `{}` must not be empty", entry.key),
+                ),
+                Some(_) => {}
+            }
+        }
+    }
+
+    fn root(&mut self, node: NodeRef<'_>) {
+        self.object(
+            node,
+            "",
+            "the policy",
+            &Shape {
+                required: &["version", "capabilities", "accounts", "principals", "grants"],
+                properties: &[
+                    ("version", Validator::version),
+                    ("capabilities", |v, n, p| v.array(n, p, "capabilities", Validator::capability)),
+                    ("upstreams", |v, n, p| v.array(n, p, "upstreams", Validator::upstream)),
+                    ("accounts", |v, n, p| v.array(n, p, "accounts", Validator::account)),
+                    ("principals", Validator::principals),
+                    ("grants", |v, n, p| v.array(n, p, "grants", Validator::grant)),
+                ],
+            },
+        );
+    }
+
+    fn version(&mut self, node: NodeRef<'_>, path: &str) {
+        let is_one = node.as_number().is_some_and(|n| n.as_f64() == 1.0);
+        if !is_one {
+            self.report(path, "const", None, "`version` must be the number 1");
+        }
+    }
+
+    fn identifier(&mut self, node: NodeRef<'_>, path: &str) {
+        self.patterned(node, path, "identifier", syntax::IDENTIFIER_PATTERN, syntax::is_identifier);
+    }
+
+    fn capability_id(&mut self, node: NodeRef<'_>, path: &str) {
+        self.patterned(node, path, "capability id", syntax::CAPABILITY_ID_PATTERN, syntax::is_capability_id);
+    }
+
+    fn secret(&mut self, node: NodeRef<'_>, path: &str) {
+        self.object(
+            node,
+            path,
+            "`secret`",
+            &Shape {
+                required: &["ref"],
+                properties: &[("ref", |v, n, p| {
+                    v.patterned(n, p, "secret reference", syntax::SECRET_REF_PATTERN, syntax::is_secret_ref);
+                })],
+            },
+        );
+    }
+
+    fn capability(&mut self, node: NodeRef<'_>, path: &str) {
+        self.object(
+            node,
+            path,
+            "a capability",
+            &Shape {
+                required: &["id"],
+                properties: &[
+                    ("id", Validator::capability_id),
+                    ("description", |v, n, p| {
+                        v.string(n, p);
+                    }),
+                ],
+            },
+        );
+    }
+
+    fn upstream(&mut self, node: NodeRef<'_>, path: &str) {
+        self.object(
+            node,
+            path,
+            "an upstream",
+            &Shape {
+                required: &["id", "transport", "tools"],
+                properties: &[
+                    ("id", Validator::identifier),
+                    ("transport", Validator::transport),
+                    ("tools", |v, n, p| v.array(n, p, "tools", Validator::tool)),
+                ],
+            },
+        );
+    }
+
+    /// `oneOf` of the two transport shapes: one diagnostic when neither (or,
+    /// impossibly, both) match.
+    fn transport(&mut self, node: NodeRef<'_>, path: &str) {
+        let stdio = {
+            let mut probe = Validator::default();
+            probe.object(
+                node,
+                path,
+                "",
+                &Shape {
+                    required: &["kind", "command"],
+                    properties: &[
+                        ("kind", |v, n, p| {
+                            if n.as_str() != Some("mcp-stdio") {
+                                v.report(p, "const", None, "");
+                            }
+                        }),
+                        ("command", Validator::non_empty_string),
+                        ("args", |v, n, p| {
+                            v.array(n, p, "args", |v, n, p| {
+                                v.string(n, p);
+                            });
+                        }),
+                    ],
+                },
+            );
+            probe.found.is_empty()
+        };
+        let http = {
+            let mut probe = Validator::default();
+            probe.object(
+                node,
+                path,
+                "",
+                &Shape {
+                    required: &["kind", "url"],
+                    properties: &[
+                        ("kind", |v, n, p| {
+                            if n.as_str() != Some("mcp-http") {
+                                v.report(p, "const", None, "");
+                            }
+                        }),
+                        ("url", Validator::uri),
+                    ],
+                },
+            );
+            probe.found.is_empty()
+        };
+        if stdio == http {
+            self.report(
+                path,
+                "oneOf",
+                None,
+                "`transport` must be either `{kind: mcp-stdio, command, args?}` or `{kind: mcp-http, url}`",
+            );
+        }
+    }
+
+    fn tool(&mut self, node: NodeRef<'_>, path: &str) {
+        self.object(
+            node,
+            path,
+            "a tool mapping",
+            &Shape {
+                required: &["name", "capability"],
+                properties: &[("name", Validator::non_empty_string), ("capability", Validator::capability_id)],
+            },
+        );
+    }
+
+    fn account(&mut self, node: NodeRef<'_>, path: &str) {
+        self.object(
+            node,
+            path,
+            "an account",
+            &Shape {
+                required: &["id", "secret"],
+                properties: &[
+                    ("id", Validator::identifier),
+                    ("disabled", Validator::boolean),
+                    ("secret", Validator::secret),
+                ],
+            },
+        );
+    }
+
+    fn principals(&mut self, node: NodeRef<'_>, path: &str) {
+        self.object(
+            node,
+            path,
+            "`principals`",
+            &Shape {
+                required: &["issuers"],
+                properties: &[("issuers", |v, n, p| v.array(n, p, "issuers", Validator::issuer))],
+            },
+        );
+    }
+
+    fn issuer(&mut self, node: NodeRef<'_>, path: &str) {
+        self.object(
+            node,
+            path,
+            "an issuer",
+            &Shape {
+                required: &["id", "kind"],
+                properties: &[
+                    ("id", Validator::identifier),
+                    ("kind", |v, n, p| {
+                        if let Some(kind) = v.string(n, p) {
+                            if !matches!(kind, "oidc" | "static-key" | "mtls") {
+                                v.report(
+                                    p,
+                                    "enum",
+                                    None,
+                                    format!("`{kind}` is not an issuer kind (oidc, static-key or mtls)"),
+                                );
+                            }
+                        }
+                    }),
+                    ("discovery", Validator::uri),
+                    ("audience", |v, n, p| {
+                        v.string(n, p);
+                    }),
+                    ("subject", Validator::non_empty_string),
+                    ("secret", Validator::secret),
+                    ("attributes", Validator::string_map),
+                ],
+            },
+        );
+    }
+
+    fn grant(&mut self, node: NodeRef<'_>, path: &str) {
+        self.object(
+            node,
+            path,
+            "a grant",
+            &Shape {
+                required: &["to", "capabilities", "using"],
+                properties: &[
+                    ("to", |v, n, p| {
+                        v.object(
+                            n,
+                            p,
+                            "`to`",
+                            &Shape {
+                                required: &["issuer"],
+                                properties: &[("issuer", Validator::identifier), ("attributes", Validator::string_map)],
+                            },
+                        );
+                    }),
+                    ("capabilities", |v, n, p| {
+                        v.array(n, p, "capabilities", Validator::capability_id);
+                        if n.is_sequence() && n.items().next().is_none() {
+                            v.report(p, "minItems", None, "a grant must name at least one capability");
+                        }
+                    }),
+                    ("using", Validator::identifier),
+                    ("limits", Validator::limits),
+                ],
+            },
+        );
+    }
+
+    fn limits(&mut self, node: NodeRef<'_>, path: &str) {
+        self.object(
+            node,
+            path,
+            "`limits`",
+            &Shape {
+                required: &["calls", "per"],
+                properties: &[
+                    ("calls", |v, n, p| match n.as_number().and_then(|number| number.as_integer()) {
+                        None => {
+                            let found = describe(n);
+                            v.report(p, "type", None, format!("`calls` must be an integer, found {found}"));
+                        }
+                        Some(calls) if calls < 0 => {
+                            v.report(p, "minimum", None, "`calls` must be 0 or more");
+                        }
+                        Some(_) => {}
+                    }),
+                    ("per", |v, n, p| {
+                        let Some(text) = v.string(n, p) else { return };
+                        match syntax::window_ms(text) {
+                            None => v.report(
+                                p,
+                                "pattern",
+                                None,
+                                format!(
+                                    "`{text}` is not a duration (pattern `{}`: e.g. 30s, 15m, 1h, 7d)",
+                                    syntax::DURATION_PATTERN
+                                ),
+                            ),
+                            Some(window) if window > MAX_WINDOW_MS => v.report(
+                                p,
+                                "maximum",
+                                None,
+                                format!("the window `{text}` is longer than 2^53 milliseconds"),
+                            ),
+                            Some(_) => {}
+                        }
+                    }),
+                ],
+            },
+        );
+    }
+}
+
+fn last(path: &str) -> String {
+    pointer::segments(path).pop().unwrap_or_default()
+}
