@@ -1020,7 +1020,7 @@ mod tests {
         assert!(Document::parse(&flow).is_err());
         // Aliases count towards depth: a deep anchor placed deep is too deep.
         let aliased = |levels: usize| {
-            format!("a: &a\n  {}x\nb: {}*a\n", "- ".repeat(200), "- ".repeat(levels))
+            format!("a: &a\n  {}x\nb:\n  {}*a\n", "- ".repeat(200), "- ".repeat(levels))
         };
         assert!(Document::parse(&aliased(50)).is_ok());
         assert!(Document::parse(&aliased(60)).is_err());

@@ -9,7 +9,7 @@ mod issuer;
 mod normalize;
 
 pub use issuer::{Issuer, IssuerKind};
-pub use normalize::{normalize, reduce_multi_valued, AuthProblem, Resolution};
+pub use normalize::{normalize, reduce_multi_valued, resolve_asserted, AuthProblem, Resolution};
 
 use std::collections::BTreeMap;
 

@@ -90,6 +90,38 @@ where
     })
 }
 
+/// Resolves a principal asserted as (issuer, subject, attribute pairs) where a
+/// name may repeat (a multi-valued attribute, which yields no attribute).
+///
+/// With `literal_defaults`, a `static-key` issuer's declared literal values
+/// are defaults: a name given once replaces the literal, a name given several
+/// times removes it (cli.md `--attr`). Repeated names are not reported as
+/// discarded.
+pub fn resolve_asserted(
+    issuer: Option<&Issuer>,
+    subject: &str,
+    pairs: &[(&str, &str)],
+    literal_defaults: bool,
+) -> Result<Resolution, AuthProblem> {
+    let reduced = reduce_multi_valued(pairs.iter().copied());
+    let mut attributes: Vec<(String, String)> = Vec::new();
+    if literal_defaults {
+        if let Some(issuer) = issuer {
+            for (name, value) in issuer.literal_attributes() {
+                if !reduced.iter().any(|(given, _)| given == name) {
+                    attributes.push((name.to_owned(), value.to_owned()));
+                }
+            }
+        }
+    }
+    attributes.extend(
+        reduced
+            .into_iter()
+            .filter_map(|(name, value)| value.map(|value| (name, value))),
+    );
+    normalize(issuer, subject, attributes)
+}
+
 /// ECMAScript's `WhiteSpace` and `LineTerminator` (what `String.prototype.trim` removes).
 fn is_js_whitespace(ch: char) -> bool {
     matches!(
@@ -157,6 +189,19 @@ mod tests {
     fn multi_valued_names_give_no_attribute() {
         let reduced = reduce_multi_valued([("a", "1"), ("b", "2"), ("a", "3")]);
         assert_eq!(reduced, vec![("a".to_owned(), None), ("b".to_owned(), Some("2".to_owned()))]);
+    }
+
+    #[test]
+    fn literal_defaults_are_replaced_or_removed() {
+        let key = issuer(IssuerKind::StaticKey, &[("role", "batch"), ("env", "prod")]);
+        let given = resolve_asserted(Some(&key), "runner", &[("role", "ops")], true).unwrap();
+        assert_eq!(given.principal.attributes.get("role").map(String::as_str), Some("ops"));
+        assert_eq!(given.principal.attributes.get("env").map(String::as_str), Some("prod"));
+        let removed = resolve_asserted(Some(&key), "runner", &[("env", "a"), ("env", "b"), ("x", "1"), ("y", "1"), ("y", "2")], true).unwrap();
+        assert!(!removed.principal.attributes.contains_key("env"));
+        assert_eq!(removed.discarded, ["x"]);
+        let no_defaults = resolve_asserted(Some(&key), "runner", &[], false).unwrap();
+        assert!(no_defaults.principal.attributes.is_empty());
     }
 
     #[test]
