@@ -47,9 +47,7 @@ impl ReasonCode {
             ReasonCode::Granted => "a grant matches the principal and names the capability",
             ReasonCode::CapabilityNotDeclared => "the capability is not declared in the policy",
             ReasonCode::CapabilityNotRealized => "no tool realises the capability",
-            ReasonCode::NoGrantMatches => {
-                "no grant both matches the principal and names the capability"
-            }
+            ReasonCode::NoGrantMatches => "no grant both matches the principal and names the capability",
             ReasonCode::AmbiguousGrant => "matching grants disagree on the execution account",
             ReasonCode::AccountDisabled => "the execution account is disabled",
             ReasonCode::UsageUnknown => {

@@ -133,9 +133,15 @@ pub fn effective_diff(before: Side<'_>, after: Side<'_>) -> Vec<Change> {
         .flat_map(|side| side.ruleset.capabilities().iter().map(|c| c.id.as_str()))
         .collect();
     let summary = |side: Side<'_>, principal: &Principal, capability: &str| {
-        side.ruleset
-            .capability(capability)
-            .map(|_| Summary::of(&evaluate(side.ruleset, principal, capability, 0, Usage::NotConsulted)))
+        side.ruleset.capability(capability).map(|_| {
+            Summary::of(&evaluate(
+                side.ruleset,
+                principal,
+                capability,
+                0,
+                Usage::NotConsulted,
+            ))
+        })
     };
     // `representatives` yields (issuer, sorted attributes) order already.
     let mut changes = Vec::new();

@@ -55,11 +55,7 @@ pub fn evaluate_linear<'a>(
 }
 
 fn deny<'a>(code: ReasonCode, path: &'a str, subject: &'a str) -> Decision<'a> {
-    Decision::Deny(Reason {
-        code,
-        path,
-        subject,
-    })
+    Decision::Deny(Reason { code, path, subject })
 }
 
 /// Steps 3–8, given the matching grants in file order.
@@ -115,10 +111,7 @@ fn decide<'a>(
             Usage::Unknown => {
                 return deny(ReasonCode::UsageUnknown, &grant.path, &grant.account.id);
             }
-            Usage::Counted {
-                calls,
-                window_start,
-            } => {
+            Usage::Counted { calls, window_start } => {
                 // A window start in the future is never expired.
                 let elapsed = i128::from(at) - i128::from(window_start);
                 let expired = elapsed >= i128::from(limits.window_ms);

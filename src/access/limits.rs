@@ -68,16 +68,28 @@ mod tests {
         // 20/24h beats 500/1h.
         assert!(more_restrictive(Some(&limits(20, DAY)), Some(&limits(500, HOUR))));
         // Equal rate: the shorter window wins, either way round.
-        assert!(more_restrictive(Some(&limits(100, HOUR)), Some(&limits(2400, DAY))));
-        assert!(!more_restrictive(Some(&limits(2400, DAY)), Some(&limits(100, HOUR))));
+        assert!(more_restrictive(
+            Some(&limits(100, HOUR)),
+            Some(&limits(2400, DAY))
+        ));
+        assert!(!more_restrictive(
+            Some(&limits(2400, DAY)),
+            Some(&limits(100, HOUR))
+        ));
         // Any ceiling beats none; none never beats a ceiling.
         assert!(more_restrictive(Some(&limits(1_000_000, 1000)), None));
         assert!(!more_restrictive(None, Some(&limits(1, 1))));
         // calls: 0 beats everything; between zeros the shorter window wins.
-        assert!(more_restrictive(Some(&limits(0, DAY)), Some(&limits(1, DAY * 1000))));
+        assert!(more_restrictive(
+            Some(&limits(0, DAY)),
+            Some(&limits(1, DAY * 1000))
+        ));
         assert!(more_restrictive(Some(&limits(0, HOUR)), Some(&limits(0, DAY))));
         // Complete ties keep the incumbent.
-        assert!(!more_restrictive(Some(&limits(10, HOUR)), Some(&limits(10, HOUR))));
+        assert!(!more_restrictive(
+            Some(&limits(10, HOUR)),
+            Some(&limits(10, HOUR))
+        ));
         assert!(!more_restrictive(None, None));
     }
 

@@ -157,7 +157,10 @@ mod tests {
         let mappings = [mapping("a", "x", "cap.one")];
         let index = ToolIndex::new(&catalog, &mappings);
         assert_eq!(index.all().len(), 1);
-        assert_eq!(index.resolve("a__x").map(|t| t.capability.as_str()), Some("cap.one"));
+        assert_eq!(
+            index.resolve("a__x").map(|t| t.capability.as_str()),
+            Some("cap.one")
+        );
         assert!(index.resolve("a__y").is_none());
     }
 }

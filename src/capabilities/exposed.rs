@@ -18,7 +18,10 @@ mod tests {
 
     #[test]
     fn splits_at_the_first_separator() {
-        assert_eq!(exposed_name("helpdesk-legacy", "fetch_case"), "helpdesk-legacy__fetch_case");
+        assert_eq!(
+            exposed_name("helpdesk-legacy", "fetch_case"),
+            "helpdesk-legacy__fetch_case"
+        );
         assert_eq!(split_exposed_name("a__b__c"), Some(("a", "b__c")));
         assert_eq!(split_exposed_name("plain"), None);
     }

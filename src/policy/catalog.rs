@@ -13,14 +13,21 @@ pub enum CatalogError {
     /// The document has no `tools` sequence.
     ToolsNotAList,
     /// An entry lacks a string `upstream` or `name`.
-    BadEntry { index: usize, position: Option<Position> },
+    BadEntry {
+        index: usize,
+        position: Option<Position>,
+    },
 }
 
 impl std::fmt::Display for CatalogError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CatalogError::Syntax { message, position } => {
-                write!(f, "invalid YAML at {}:{}: {message}", position.line, position.column)
+                write!(
+                    f,
+                    "invalid YAML at {}:{}: {message}",
+                    position.line, position.column
+                )
             }
             CatalogError::ToolsNotAList => write!(f, "the catalog has no `tools` list"),
             CatalogError::BadEntry { index, position } => {
@@ -101,7 +108,10 @@ mod tests {
 
     #[test]
     fn bad_catalogs_fail_instead_of_degrading() {
-        assert!(matches!(load_catalog(b"tools: [\n"), Err(CatalogError::Syntax { .. })));
+        assert!(matches!(
+            load_catalog(b"tools: [\n"),
+            Err(CatalogError::Syntax { .. })
+        ));
         assert_eq!(load_catalog(b"tools: {}\n"), Err(CatalogError::ToolsNotAList));
         assert_eq!(load_catalog(b"version: 1\n"), Err(CatalogError::ToolsNotAList));
         assert!(matches!(
@@ -116,7 +126,10 @@ mod tests {
 
     #[test]
     fn repeated_entries_count_once() {
-        let catalog = load_catalog(b"tools:\n  - { upstream: a, name: x }\n  - { upstream: a, name: x, description: d }\n").unwrap();
+        let catalog = load_catalog(
+            b"tools:\n  - { upstream: a, name: x }\n  - { upstream: a, name: x, description: d }\n",
+        )
+        .unwrap();
         assert_eq!(catalog.tools.len(), 1);
         assert_eq!(catalog.tools[0].description, None);
     }

@@ -108,7 +108,10 @@ mod tests {
     fn yaml_errors_stop_before_the_schema() {
         let result = compile(b"version: 1\ncapabilities: [\n", None);
         assert!(result.document.is_none());
-        assert!(result.diagnostics.iter().all(|d| d.code == Code::YamlSyntax && d.path.is_empty()));
+        assert!(result
+            .diagnostics
+            .iter()
+            .all(|d| d.code == Code::YamlSyntax && d.path.is_empty()));
         assert!(result.diagnostics[0].position.is_some_and(|p| p.line > 0));
     }
 

@@ -321,11 +321,7 @@ fn position_after(prefix: &str) -> Position {
         }
         previous_cr = ch == '\r';
     }
-    Position {
-        line,
-        column,
-        offset,
-    }
+    Position { line, column, offset }
 }
 
 /// Random access to the text by character index (the parser's unit).
@@ -425,9 +421,7 @@ impl<'t> Builder<'t> {
                     self.scalar(&text, style, anchor, tag.as_deref(), &span)
                 }
                 Event::Alias(anchor) => self.alias(anchor, &span),
-                Event::SequenceStart(anchor, tag) => {
-                    self.open(false, anchor, tag.as_deref(), &span)
-                }
+                Event::SequenceStart(anchor, tag) => self.open(false, anchor, tag.as_deref(), &span),
                 Event::MappingStart(anchor, tag) => self.open(true, anchor, tag.as_deref(), &span),
                 Event::SequenceEnd | Event::MappingEnd => {
                     self.close();
@@ -488,24 +482,19 @@ impl<'t> Builder<'t> {
                 _ => *column += 1,
             }
         };
-        loop {
-            match chars.get(index) {
-                Some('&') | Some('!') => {
-                    let verbatim = chars.get(index) == Some('!') && chars.get(index + 1) == Some('<');
-                    while let Some(ch) = chars.get(index) {
-                        if verbatim {
-                            advance(&mut index, &mut line, &mut column);
-                            if ch == '>' {
-                                break;
-                            }
-                        } else if ch.is_whitespace() || matches!(ch, ',' | '[' | ']' | '{' | '}') {
-                            break;
-                        } else {
-                            advance(&mut index, &mut line, &mut column);
-                        }
+        while let Some('&' | '!') = chars.get(index) {
+            let verbatim = chars.get(index) == Some('!') && chars.get(index + 1) == Some('<');
+            while let Some(ch) = chars.get(index) {
+                if verbatim {
+                    advance(&mut index, &mut line, &mut column);
+                    if ch == '>' {
+                        break;
                     }
+                } else if ch.is_whitespace() || matches!(ch, ',' | '[' | ']' | '{' | '}') {
+                    break;
+                } else {
+                    advance(&mut index, &mut line, &mut column);
                 }
-                _ => break,
             }
             // Whitespace and comments between the properties and the content.
             loop {
@@ -527,6 +516,63 @@ impl<'t> Builder<'t> {
         }
     }
 
+    /// A block scalar starts at its `|` or `>` indicator, as upstream's
+    /// parser has it; the event's span starts at the first content line. The
+    /// header is the nearest non-blank line above the content: the indicator
+    /// is its first `|`/`>` followed only by chomping/indentation indicators
+    /// and an optional comment.
+    fn block_indicator(&mut self, content: Position) -> Position {
+        let chars = self.chars.get_or_insert_with(|| Chars {
+            chars: self.text.chars().collect(),
+        });
+        if matches!(chars.get(content.offset), Some('|' | '>')) {
+            return content;
+        }
+        let is_break = |ch: Option<char>| matches!(ch, Some('\n' | '\r'));
+        let mut line_start = content.offset;
+        while line_start > 0 && !is_break(chars.get(line_start - 1)) {
+            line_start -= 1;
+        }
+        let mut line = content.line;
+        while line_start > 0 && line > 1 {
+            // Step over the break that ends the line above (`\n`, `\r\n` or `\r`).
+            let mut end = line_start - 1;
+            if chars.get(end) == Some('\n') && end > 0 && chars.get(end - 1) == Some('\r') {
+                end -= 1;
+            }
+            let mut begin = end;
+            while begin > 0 && !is_break(chars.get(begin - 1)) {
+                begin -= 1;
+            }
+            line -= 1;
+            let above = &chars.chars[begin..end];
+            if above.iter().all(|ch| matches!(ch, ' ' | '\t')) {
+                line_start = begin;
+                continue;
+            }
+            let header_tail = |rest: &[char]| {
+                let rest: String = rest.iter().collect();
+                let after = rest.trim_start_matches(|ch: char| ch == '+' || ch == '-' || ch.is_ascii_digit());
+                after.is_empty()
+                    || (after.starts_with([' ', '\t'])
+                        && matches!(
+                            after.trim_start_matches([' ', '\t']).chars().next(),
+                            None | Some('#')
+                        ))
+            };
+            return above
+                .iter()
+                .enumerate()
+                .find(|&(at, ch)| matches!(ch, '|' | '>') && header_tail(&above[at + 1..]))
+                .map_or(content, |(at, _)| Position {
+                    line,
+                    column: at + 1,
+                    offset: begin + at,
+                });
+        }
+        content
+    }
+
     fn push_node(&mut self, node: Node) -> NodeId {
         let id = NodeId(u32::try_from(self.nodes.len()).unwrap_or(u32::MAX));
         self.nodes.push(node);
@@ -542,7 +588,10 @@ impl<'t> Builder<'t> {
         span: &Span,
     ) -> bool {
         let has_properties = anchor != 0 || tag.is_some();
-        let position = self.content_start(span, has_properties);
+        let mut position = self.content_start(span, has_properties);
+        if matches!(style, ScalarStyle::Literal | ScalarStyle::Folded) {
+            position = self.block_indicator(position);
+        }
         let value = match resolve_scalar(text, style, tag) {
             Ok(value) => value,
             Err(message) => {
@@ -618,9 +667,12 @@ impl<'t> Builder<'t> {
         if let Some(tag) = tag {
             let expected = if mapping { "map" } else { "seq" };
             let non_specific = tag.handle.is_empty() && tag.suffix == "!";
-            if !non_specific && !(tag.handle == CORE_TAG && tag.suffix == expected) {
+            if !(non_specific || (tag.handle == CORE_TAG && tag.suffix == expected)) {
                 self.error(
-                    format!("unknown tag `{}` (only the core schema's tags are accepted)", tag_text(tag)),
+                    format!(
+                        "unknown tag `{}` (only the core schema's tags are accepted)",
+                        tag_text(tag)
+                    ),
                     position,
                 );
             }
@@ -709,9 +761,7 @@ impl<'t> Builder<'t> {
                 false
             }
             Some(Frame::Mapping {
-                entries,
-                pending_key,
-                ..
+                entries, pending_key, ..
             }) if pending_key.is_some() => {
                 let (key, key_position) = pending_key.take().unwrap_or_default();
                 entries.push(Entry {
@@ -937,7 +987,10 @@ mod tests {
         assert_eq!(root.get("d").unwrap().as_number(), Some(Number::Int(16)));
         assert_eq!(root.get("e").unwrap().as_number().unwrap().as_integer(), Some(2));
         assert_eq!(root.get("f").unwrap().as_str(), Some("3"));
-        assert_eq!(root.get("g").unwrap().as_number().unwrap().as_integer(), Some(1000));
+        assert_eq!(
+            root.get("g").unwrap().as_number().unwrap().as_integer(),
+            Some(1000)
+        );
         assert_eq!(root.get("h").unwrap().as_number(), Some(Number::Float(0.5)));
         assert_eq!(root.get("i").unwrap().as_number(), Some(Number::Float(1.0)));
     }
@@ -945,7 +998,12 @@ mod tests {
     #[test]
     fn keys_are_stringified_like_json_and_duplicates_are_errors() {
         let doc = parse("1: a\ntrue: b\n~: c\n1.5: d\n");
-        let keys: Vec<_> = doc.root().unwrap().entries().map(|(e, _)| e.key.clone()).collect();
+        let keys: Vec<_> = doc
+            .root()
+            .unwrap()
+            .entries()
+            .map(|(e, _)| e.key.clone())
+            .collect();
         assert_eq!(keys, ["1", "true", "", "1.5"]);
         let error = first_error("a: 1\nb: 2\na: 3\n");
         assert!(error.message.contains("duplicate"), "{error:?}");
@@ -988,9 +1046,31 @@ mod tests {
     }
 
     #[test]
+    fn block_scalars_start_at_their_indicator() {
+        let text = "a: |\n  text\nb: >-\n\n  folded\nc: &x |2 # a | comment\n   kept\n\"k|\": |+\n  x\nd:\n  - |\n    item\ne: |\nf: 1\n";
+        let doc = parse(text);
+        let at = |pointer: &str| doc.resolve(pointer).map(|p| (p.line, p.column));
+        assert_eq!(at("/a"), Some((1, 4)));
+        assert_eq!(at("/b"), Some((3, 4)));
+        assert_eq!(at("/c"), Some((6, 7)));
+        assert_eq!(at("/k|"), Some((8, 7)));
+        assert_eq!(at("/d/0"), Some((11, 5)));
+        assert_eq!(at("/e"), Some((13, 4)));
+        assert_eq!(doc.root().unwrap().get("c").unwrap().as_str(), Some(" kept\n"));
+        let crlf = parse("a: |\r\n  text\r\n");
+        assert_eq!(
+            crlf.resolve("/a").map(|p| (p.line, p.column, p.offset)),
+            Some((1, 4, 3))
+        );
+    }
+
+    #[test]
     fn aliases_follow_the_latest_anchor_and_are_bounded() {
         let doc = parse("a: &x 1\nb: &x 2\nc: *x\n");
-        assert_eq!(doc.root().unwrap().get("c").unwrap().as_number(), Some(Number::Int(2)));
+        assert_eq!(
+            doc.root().unwrap().get("c").unwrap().as_number(),
+            Some(Number::Int(2))
+        );
         // 100 expansions are fine, the 101st is not.
         let mut ok = String::from("a: &a x\nl:\n");
         for _ in 0..100 {
@@ -1020,7 +1100,11 @@ mod tests {
         assert!(Document::parse(&flow).is_err());
         // Aliases count towards depth: a deep anchor placed deep is too deep.
         let aliased = |levels: usize| {
-            format!("a: &a\n  {}x\nb:\n  {}*a\n", "- ".repeat(200), "- ".repeat(levels))
+            format!(
+                "a: &a\n  {}x\nb:\n  {}*a\n",
+                "- ".repeat(200),
+                "- ".repeat(levels)
+            )
         };
         assert!(Document::parse(&aliased(50)).is_ok());
         assert!(Document::parse(&aliased(60)).is_err());

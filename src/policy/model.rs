@@ -86,7 +86,10 @@ impl Declared {
         let capabilities = indexed(get("capabilities"))
             .map(|(i, node)| Capability {
                 id: text(node.get("id")),
-                description: node.get("description").and_then(NodeRef::as_str).map(str::to_owned),
+                description: node
+                    .get("description")
+                    .and_then(NodeRef::as_str)
+                    .map(str::to_owned),
                 realized: false,
                 path: pointer::join(["capabilities", &i.to_string()]),
             })
@@ -98,7 +101,9 @@ impl Declared {
                 let transport = node.get("transport");
                 let field = |key: &str| transport.and_then(|t| t.get(key));
                 let transport = if field("kind").and_then(NodeRef::as_str) == Some("mcp-http") {
-                    Transport::Http { url: text(field("url")) }
+                    Transport::Http {
+                        url: text(field("url")),
+                    }
                 } else {
                     Transport::Stdio {
                         command: text(field("command")),
@@ -202,11 +207,20 @@ impl Declared {
     }
 
     /// Builds the evaluable policy; only called when no error was found.
-    pub fn into_policy(mut self, version: String, tools: ToolIndex, realized_by_catalog: Option<&[String]>) -> CompiledPolicy {
+    pub fn into_policy(
+        mut self,
+        version: String,
+        tools: ToolIndex,
+        realized_by_catalog: Option<&[String]>,
+    ) -> CompiledPolicy {
         for capability in &mut self.capabilities {
             capability.realized = match realized_by_catalog {
-                Some(covered) => covered.iter().any(|c| *c == capability.id),
-                None => self.upstreams.iter().flat_map(|u| &u.tools).any(|t| t.capability == capability.id),
+                Some(covered) => covered.contains(&capability.id),
+                None => self
+                    .upstreams
+                    .iter()
+                    .flat_map(|u| &u.tools)
+                    .any(|t| t.capability == capability.id),
             };
         }
         let account_ref = |id: &str| {

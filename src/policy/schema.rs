@@ -95,7 +95,12 @@ impl Validator {
     fn object(&mut self, node: NodeRef<'_>, path: &str, what: &str, shape: &Shape) {
         if !node.is_mapping() {
             let found = describe(node);
-            self.report(path, "type", None, format!("{what} must be an object, found {found}"));
+            self.report(
+                path,
+                "type",
+                None,
+                format!("{what} must be an object, found {found}"),
+            );
             return;
         }
         for required in shape.required {
@@ -124,7 +129,12 @@ impl Validator {
     fn array(&mut self, node: NodeRef<'_>, path: &str, what: &str, item: Check) {
         if !node.is_sequence() {
             let found = describe(node);
-            self.report(path, "type", None, format!("`{what}` must be an array, found {found}"));
+            self.report(
+                path,
+                "type",
+                None,
+                format!("`{what}` must be an array, found {found}"),
+            );
             return;
         }
         for (index, value) in node.items().enumerate() {
@@ -136,18 +146,35 @@ impl Validator {
         let text = node.as_str();
         if text.is_none() {
             let found = describe(node);
-            self.report(path, "type", None, format!("`{}` must be a string, found {found}", last(path)));
+            self.report(
+                path,
+                "type",
+                None,
+                format!("`{}` must be a string, found {found}", last(path)),
+            );
         }
         text
     }
 
     fn non_empty_string(&mut self, node: NodeRef<'_>, path: &str) {
         if self.string(node, path).is_some_and(str::is_empty) {
-            self.report(path, "minLength", None, format!("`{}` must not be empty", last(path)));
+            self.report(
+                path,
+                "minLength",
+                None,
+                format!("`{}` must not be empty", last(path)),
+            );
         }
     }
 
-    fn patterned(&mut self, node: NodeRef<'_>, path: &str, name: &str, pattern: &str, check: fn(&str) -> bool) {
+    fn patterned(
+        &mut self,
+        node: NodeRef<'_>,
+        path: &str,
+        name: &str,
+        pattern: &str,
+        check: fn(&str) -> bool,
+    ) {
         if let Some(text) = self.string(node, path) {
             if !check(text) {
                 self.report(
@@ -163,7 +190,12 @@ impl Validator {
     fn uri(&mut self, node: NodeRef<'_>, path: &str) {
         if let Some(text) = self.string(node, path) {
             if !syntax::is_uri(text) {
-                self.report(path, "format", None, format!("`{text}` is not an absolute URI (RFC 3986)"));
+                self.report(
+                    path,
+                    "format",
+                    None,
+                    format!("`{text}` is not an absolute URI (RFC 3986)"),
+                );
             }
         }
     }
@@ -171,14 +203,24 @@ impl Validator {
     fn boolean(&mut self, node: NodeRef<'_>, path: &str) {
         if node.as_bool().is_none() {
             let found = describe(node);
-            self.report(path, "type", None, format!("`{}` must be a boolean, found {found}", last(path)));
+            self.report(
+                path,
+                "type",
+                None,
+                format!("`{}` must be a boolean, found {found}", last(path)),
+            );
         }
     }
 
     fn string_map(&mut self, node: NodeRef<'_>, path: &str) {
         if !node.is_mapping() {
             let found = describe(node);
-            self.report(path, "type", None, format!("`attributes` must be an object, found {found}"));
+            self.report(
+                path,
+                "type",
+                None,
+                format!("`attributes` must be an object, found {found}"),
+            );
             return;
         }
         for (entry, value) in node.entries() {
@@ -190,7 +232,10 @@ impl Validator {
                         &at,
                         "type",
                         None,
-                        format!("the value of attribute `{}` must be a string, found {found} (quote it)", entry.key),
+                        format!(
+                            "the value of attribute `{}` must be a string, found {found} (quote it)",
+                            entry.key
+                        ),
                     );
                 }
                 Some("") => self.report(
@@ -213,9 +258,15 @@ impl Validator {
                 required: &["version", "capabilities", "accounts", "principals", "grants"],
                 properties: &[
                     ("version", Validator::version),
-                    ("capabilities", |v, n, p| v.array(n, p, "capabilities", Validator::capability)),
-                    ("upstreams", |v, n, p| v.array(n, p, "upstreams", Validator::upstream)),
-                    ("accounts", |v, n, p| v.array(n, p, "accounts", Validator::account)),
+                    ("capabilities", |v, n, p| {
+                        v.array(n, p, "capabilities", Validator::capability)
+                    }),
+                    ("upstreams", |v, n, p| {
+                        v.array(n, p, "upstreams", Validator::upstream)
+                    }),
+                    ("accounts", |v, n, p| {
+                        v.array(n, p, "accounts", Validator::account)
+                    }),
                     ("principals", Validator::principals),
                     ("grants", |v, n, p| v.array(n, p, "grants", Validator::grant)),
                 ],
@@ -231,11 +282,23 @@ impl Validator {
     }
 
     fn identifier(&mut self, node: NodeRef<'_>, path: &str) {
-        self.patterned(node, path, "identifier", syntax::IDENTIFIER_PATTERN, syntax::is_identifier);
+        self.patterned(
+            node,
+            path,
+            "identifier",
+            syntax::IDENTIFIER_PATTERN,
+            syntax::is_identifier,
+        );
     }
 
     fn capability_id(&mut self, node: NodeRef<'_>, path: &str) {
-        self.patterned(node, path, "capability id", syntax::CAPABILITY_ID_PATTERN, syntax::is_capability_id);
+        self.patterned(
+            node,
+            path,
+            "capability id",
+            syntax::CAPABILITY_ID_PATTERN,
+            syntax::is_capability_id,
+        );
     }
 
     fn secret(&mut self, node: NodeRef<'_>, path: &str) {
@@ -246,7 +309,13 @@ impl Validator {
             &Shape {
                 required: &["ref"],
                 properties: &[("ref", |v, n, p| {
-                    v.patterned(n, p, "secret reference", syntax::SECRET_REF_PATTERN, syntax::is_secret_ref);
+                    v.patterned(
+                        n,
+                        p,
+                        "secret reference",
+                        syntax::SECRET_REF_PATTERN,
+                        syntax::is_secret_ref,
+                    );
                 })],
             },
         );
@@ -350,7 +419,10 @@ impl Validator {
             "a tool mapping",
             &Shape {
                 required: &["name", "capability"],
-                properties: &[("name", Validator::non_empty_string), ("capability", Validator::capability_id)],
+                properties: &[
+                    ("name", Validator::non_empty_string),
+                    ("capability", Validator::capability_id),
+                ],
             },
         );
     }
@@ -431,7 +503,10 @@ impl Validator {
                             "`to`",
                             &Shape {
                                 required: &["issuer"],
-                                properties: &[("issuer", Validator::identifier), ("attributes", Validator::string_map)],
+                                properties: &[
+                                    ("issuer", Validator::identifier),
+                                    ("attributes", Validator::string_map),
+                                ],
                             },
                         );
                     }),
@@ -456,15 +531,22 @@ impl Validator {
             &Shape {
                 required: &["calls", "per"],
                 properties: &[
-                    ("calls", |v, n, p| match n.as_number().and_then(|number| number.as_integer()) {
-                        None => {
+                    ("calls", |v, n, p| {
+                        // Two leaf keywords, checked independently: `-1.5`
+                        // fails both `type: integer` and `minimum: 0`.
+                        let number = n.as_number();
+                        if number.and_then(|number| number.as_integer()).is_none() {
                             let found = describe(n);
-                            v.report(p, "type", None, format!("`calls` must be an integer, found {found}"));
+                            v.report(
+                                p,
+                                "type",
+                                None,
+                                format!("`calls` must be an integer, found {found}"),
+                            );
                         }
-                        Some(calls) if calls < 0 => {
+                        if number.is_some_and(|number| number.as_f64() < 0.0) {
                             v.report(p, "minimum", None, "`calls` must be 0 or more");
                         }
-                        Some(_) => {}
                     }),
                     ("per", |v, n, p| {
                         let Some(text) = v.string(n, p) else { return };

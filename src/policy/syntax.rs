@@ -18,7 +18,9 @@ fn is_lower_alnum(byte: u8) -> bool {
 
 pub fn is_identifier(text: &str) -> bool {
     let bytes = text.as_bytes();
-    !bytes.is_empty() && is_lower_alnum(bytes[0]) && bytes[1..].iter().all(|&b| is_lower_alnum(b) || b == b'-')
+    !bytes.is_empty()
+        && is_lower_alnum(bytes[0])
+        && bytes[1..].iter().all(|&b| is_lower_alnum(b) || b == b'-')
 }
 
 pub fn is_capability_id(text: &str) -> bool {
@@ -52,14 +54,17 @@ pub fn is_secret_ref(text: &str) -> bool {
 /// The window a `per` denotes in milliseconds, or `None` when it does not
 /// match the duration pattern. Saturates rather than overflowing.
 pub fn window_ms(per: &str) -> Option<u128> {
-    let (digits, unit) = per.split_at(per.len().checked_sub(1)?);
-    let unit_ms: u128 = match unit {
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
+    // The unit is the last *byte*: splitting before the last byte of a
+    // non-ASCII character would not be a char boundary (and must not panic).
+    let unit_ms: u128 = match per.as_bytes().last()? {
+        b's' => 1_000,
+        b'm' => 60_000,
+        b'h' => 3_600_000,
+        b'd' => 86_400_000,
         _ => return None,
     };
+    // INVARIANT: the last byte is ASCII, so this is a char boundary.
+    let digits = &per[..per.len() - 1];
     let bytes = digits.as_bytes();
     if bytes.is_empty() || bytes[0] == b'0' || !bytes.iter().all(u8::is_ascii_digit) {
         return None;
@@ -115,14 +120,18 @@ mod tests {
         assert_eq!(window_ms("1s"), Some(1_000));
         assert_eq!(window_ms("24h"), Some(86_400_000));
         assert_eq!(window_ms("7d"), Some(604_800_000));
-        for bad in ["0s", "01m", "1h30m", "10ms", "1w", "h", "", " 1h", "1h "] {
+        for bad in [
+            "0s", "01m", "1h30m", "10ms", "1w", "h", "", " 1h", "1h ", "é", "1é",
+        ] {
             assert_eq!(window_ms(bad), None, "{bad}");
         }
     }
 
     #[test]
     fn uris() {
-        assert!(is_uri("https://login.example.net/.well-known/openid-configuration"));
+        assert!(is_uri(
+            "https://login.example.net/.well-known/openid-configuration"
+        ));
         assert!(is_uri("urn:isbn:0451450523"));
         assert!(!is_uri("/relative/path"));
         assert!(!is_uri("https://exämple.net/"));

@@ -56,11 +56,7 @@ where
 /// * an empty or whitespace-only subject is `credential_missing` (whitespace
 ///   as ECMAScript's `trim` sees it, for compatibility);
 /// * attributes the issuer does not declare are discarded and reported.
-pub fn normalize<I>(
-    issuer: Option<&Issuer>,
-    subject: &str,
-    attributes: I,
-) -> Result<Resolution, AuthProblem>
+pub fn normalize<I>(issuer: Option<&Issuer>, subject: &str, attributes: I) -> Result<Resolution, AuthProblem>
 where
     I: IntoIterator<Item = (String, String)>,
 {
@@ -126,8 +122,18 @@ pub fn resolve_asserted(
 fn is_js_whitespace(ch: char) -> bool {
     matches!(
         ch,
-        '\u{9}' | '\u{b}' | '\u{c}' | ' ' | '\u{a0}' | '\u{feff}' | '\n' | '\r' | '\u{2028}' | '\u{2029}'
-            | '\u{1680}' | '\u{2000}'..='\u{200a}' | '\u{202f}' | '\u{205f}' | '\u{3000}'
+        '\u{9}'
+            | '\u{b}'
+            | '\u{c}'
+            | ' '
+            | '\u{a0}'
+            | '\u{feff}'
+            | '\n'
+            | '\r'
+            | '\u{2028}'
+            | '\u{2029}'
+            | '\u{1680}'
+            | '\u{2000}'..='\u{200a}' | '\u{202f}' | '\u{205f}' | '\u{3000}'
     )
 }
 
@@ -164,9 +170,15 @@ mod tests {
 
     #[test]
     fn undeclared_issuer_and_blank_subject_are_problems() {
-        assert_eq!(normalize(None, "ana", attrs(&[])), Err(AuthProblem::IssuerUnknown));
+        assert_eq!(
+            normalize(None, "ana", attrs(&[])),
+            Err(AuthProblem::IssuerUnknown)
+        );
         let corp = issuer(IssuerKind::Oidc, &[]);
-        assert_eq!(normalize(Some(&corp), " \t\u{feff}", attrs(&[])), Err(AuthProblem::CredentialMissing));
+        assert_eq!(
+            normalize(Some(&corp), " \t\u{feff}", attrs(&[])),
+            Err(AuthProblem::CredentialMissing)
+        );
         // U+0085 is whitespace to Rust but not to ECMAScript's trim.
         assert!(normalize(Some(&corp), "\u{85}", attrs(&[])).is_ok());
     }
@@ -188,16 +200,31 @@ mod tests {
     #[test]
     fn multi_valued_names_give_no_attribute() {
         let reduced = reduce_multi_valued([("a", "1"), ("b", "2"), ("a", "3")]);
-        assert_eq!(reduced, vec![("a".to_owned(), None), ("b".to_owned(), Some("2".to_owned()))]);
+        assert_eq!(
+            reduced,
+            vec![("a".to_owned(), None), ("b".to_owned(), Some("2".to_owned()))]
+        );
     }
 
     #[test]
     fn literal_defaults_are_replaced_or_removed() {
         let key = issuer(IssuerKind::StaticKey, &[("role", "batch"), ("env", "prod")]);
         let given = resolve_asserted(Some(&key), "runner", &[("role", "ops")], true).unwrap();
-        assert_eq!(given.principal.attributes.get("role").map(String::as_str), Some("ops"));
-        assert_eq!(given.principal.attributes.get("env").map(String::as_str), Some("prod"));
-        let removed = resolve_asserted(Some(&key), "runner", &[("env", "a"), ("env", "b"), ("x", "1"), ("y", "1"), ("y", "2")], true).unwrap();
+        assert_eq!(
+            given.principal.attributes.get("role").map(String::as_str),
+            Some("ops")
+        );
+        assert_eq!(
+            given.principal.attributes.get("env").map(String::as_str),
+            Some("prod")
+        );
+        let removed = resolve_asserted(
+            Some(&key),
+            "runner",
+            &[("env", "a"), ("env", "b"), ("x", "1"), ("y", "1"), ("y", "2")],
+            true,
+        )
+        .unwrap();
         assert!(!removed.principal.attributes.contains_key("env"));
         assert_eq!(removed.discarded, ["x"]);
         let no_defaults = resolve_asserted(Some(&key), "runner", &[], false).unwrap();

@@ -11,7 +11,10 @@ pub(super) fn check(findings: &mut Findings<'_>, declared: &Declared) {
             findings.warning(
                 Code::CapabilityNotRealized,
                 capability.path.clone(),
-                format!("no declared tool realises `{}`: granting it makes nothing visible", capability.id),
+                format!(
+                    "no declared tool realises `{}`: granting it makes nothing visible",
+                    capability.id
+                ),
             );
         }
     }

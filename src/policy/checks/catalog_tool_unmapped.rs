@@ -32,12 +32,21 @@ mod tests {
 
     #[test]
     fn unmapped_and_unknown_upstream_entries_once_each() {
-        let text = artifact("grants:\n  - to: { issuer: ci }\n    capabilities: [crm.contact.read]\n    using: crm-ro\n");
+        let text = artifact(
+            "grants:\n  - to: { issuer: ci }\n    capabilities: [crm.contact.read]\n    using: crm-ro\n",
+        );
         let found = findings_with_catalog(
             &text,
-            Some(&[("crm", "get_contact"), ("crm", "delete"), ("ghost", "x"), ("crm", "delete")]),
+            Some(&[
+                ("crm", "get_contact"),
+                ("crm", "delete"),
+                ("ghost", "x"),
+                ("crm", "delete"),
+            ]),
         );
         assert_eq!(found.len(), 2);
-        assert!(found.iter().all(|(code, path)| code == "catalog_tool_unmapped" && path == "/upstreams"));
+        assert!(found
+            .iter()
+            .all(|(code, path)| code == "catalog_tool_unmapped" && path == "/upstreams"));
     }
 }

@@ -4,7 +4,11 @@
 use super::Findings;
 use crate::policy::Code;
 
-pub(super) fn check<'a>(findings: &mut Findings<'_>, what: &str, entries: impl Iterator<Item = (&'a String, &'a String)>) {
+pub(super) fn check<'a>(
+    findings: &mut Findings<'_>,
+    what: &str,
+    entries: impl Iterator<Item = (&'a String, &'a String)>,
+) {
     let mut first_seen: Vec<(&String, &String)> = Vec::new();
     for (id, path) in entries {
         match first_seen.iter().find(|(seen, _)| *seen == id) {

@@ -12,7 +12,10 @@ pub(super) fn check(findings: &mut Findings<'_>, earlier: &[ToolMapping], tool: 
         findings.error(
             Code::DuplicateTool,
             format!("{}/name", tool.path),
-            format!("the tool `{}` is mapped twice in the upstream `{}`", tool.name, tool.upstream),
+            format!(
+                "the tool `{}` is mapped twice in the upstream `{}`",
+                tool.name, tool.upstream
+            ),
             &[(&format!("{}/name", first.path), "first declaration")],
         );
     }

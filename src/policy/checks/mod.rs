@@ -36,7 +36,14 @@ impl<'d> Findings<'d> {
         }
     }
 
-    fn add(&mut self, severity: Severity, code: Code, path: String, message: String, related: &[(&str, &str)]) {
+    fn add(
+        &mut self,
+        severity: Severity,
+        code: Code,
+        path: String,
+        message: String,
+        related: &[(&str, &str)],
+    ) {
         self.diagnostics.push(Diagnostic {
             severity,
             code,
@@ -66,7 +73,11 @@ impl<'d> Findings<'d> {
 /// Runs every semantic check in the spec's emission order.
 pub(crate) fn run(declared: &Declared, catalog: Option<&Catalog>, findings: &mut Findings<'_>) {
     // 1. Repeated capability ids.
-    duplicate_id::check(findings, "capability", declared.capabilities.iter().map(|c| (&c.id, &c.path)));
+    duplicate_id::check(
+        findings,
+        "capability",
+        declared.capabilities.iter().map(|c| (&c.id, &c.path)),
+    );
     // 2, 2b. Per tool: an undeclared capability, then a repeated name.
     for upstream in &declared.upstreams {
         for (index, tool) in upstream.tools.iter().enumerate() {
@@ -75,8 +86,16 @@ pub(crate) fn run(declared: &Declared, catalog: Option<&Catalog>, findings: &mut
         }
     }
     // 3, 4. Repeated upstream and account ids.
-    duplicate_id::check(findings, "upstream", declared.upstreams.iter().map(|u| (&u.id, &u.path)));
-    duplicate_id::check(findings, "account", declared.accounts.iter().map(|a| (&a.id, &a.path)));
+    duplicate_id::check(
+        findings,
+        "upstream",
+        declared.upstreams.iter().map(|u| (&u.id, &u.path)),
+    );
+    duplicate_id::check(
+        findings,
+        "account",
+        declared.accounts.iter().map(|a| (&a.id, &a.path)),
+    );
     // 5, 5b. Attribute mappings of oidc and mtls issuers, in one loop.
     for issuer in &declared.issuers {
         for (name, source) in &issuer.attributes {
@@ -85,10 +104,19 @@ pub(crate) fn run(declared: &Declared, catalog: Option<&Catalog>, findings: &mut
         }
     }
     // 6. Repeated issuer ids.
-    duplicate_id::check(findings, "issuer", declared.issuers.iter().map(|i| (&i.id, &i.path)));
+    duplicate_id::check(
+        findings,
+        "issuer",
+        declared.issuers.iter().map(|i| (&i.id, &i.path)),
+    );
     // 7–10. Per grant: issuer, each selector key, each capability, the account.
     for grant in &declared.grants {
-        match declared.issuers.iter().rev().find(|issuer| issuer.id == grant.issuer) {
+        match declared
+            .issuers
+            .iter()
+            .rev()
+            .find(|issuer| issuer.id == grant.issuer)
+        {
             None => unknown_issuer_in_grant::check(findings, grant),
             Some(issuer) => attribute_not_declared::check(findings, issuer, grant),
         }
@@ -138,8 +166,10 @@ pub(crate) mod testing {
     /// Asserts the exact diagnostics (code, path) of an artifact.
     pub fn check(artifact: &str, expected: &[(&str, &str)]) {
         let found = findings(artifact);
-        let expected: Vec<(String, String)> =
-            expected.iter().map(|(c, p)| ((*c).to_owned(), (*p).to_owned())).collect();
+        let expected: Vec<(String, String)> = expected
+            .iter()
+            .map(|(c, p)| ((*c).to_owned(), (*p).to_owned()))
+            .collect();
         assert_eq!(found, expected, "artifact:\n{artifact}");
     }
 

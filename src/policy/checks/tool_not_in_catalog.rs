@@ -28,12 +28,17 @@ mod tests {
 
     #[test]
     fn a_mapping_the_catalog_lacks() {
-        let text = artifact("grants:\n  - to: { issuer: ci }\n    capabilities: [crm.contact.read]\n    using: crm-ro\n");
+        let text = artifact(
+            "grants:\n  - to: { issuer: ci }\n    capabilities: [crm.contact.read]\n    using: crm-ro\n",
+        );
         let found = findings_with_catalog(&text, Some(&[("crm", "other")]));
         assert_eq!(
             found,
             [
-                ("tool_not_in_catalog".to_owned(), "/upstreams/0/tools/0/name".to_owned()),
+                (
+                    "tool_not_in_catalog".to_owned(),
+                    "/upstreams/0/tools/0/name".to_owned()
+                ),
                 ("catalog_tool_unmapped".to_owned(), "/upstreams".to_owned()),
             ]
         );

@@ -10,7 +10,10 @@ pub(super) fn check(findings: &mut Findings<'_>, declared: &Declared, grant: &Ra
         findings.error(
             Code::UnknownAccountInGrant,
             format!("{}/using", grant.path),
-            format!("the grant runs as the account `{}`, which is not declared", grant.using),
+            format!(
+                "the grant runs as the account `{}`, which is not declared",
+                grant.using
+            ),
             &[("/accounts", "declared accounts")],
         );
     }
@@ -23,7 +26,9 @@ mod tests {
     #[test]
     fn dangling_account() {
         check(
-            &artifact("grants:\n  - to: { issuer: ci }\n    capabilities: [crm.contact.read]\n    using: nobody\n"),
+            &artifact(
+                "grants:\n  - to: { issuer: ci }\n    capabilities: [crm.contact.read]\n    using: nobody\n",
+            ),
             &[
                 ("unknown_account_in_grant", "/grants/0/using"),
                 ("unused_account", "/accounts/0"),

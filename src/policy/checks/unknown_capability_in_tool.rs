@@ -27,6 +27,9 @@ mod tests {
     #[test]
     fn points_at_the_mapping_capability() {
         let artifact = "version: 1\ncapabilities: []\nupstreams:\n  - id: u\n    transport: { kind: mcp-http, url: \"https://x\" }\n    tools:\n      - { name: t, capability: nope }\naccounts: []\nprincipals: { issuers: [] }\ngrants: []\n";
-        check(artifact, &[("unknown_capability_in_tool", "/upstreams/0/tools/0/capability")]);
+        check(
+            artifact,
+            &[("unknown_capability_in_tool", "/upstreams/0/tools/0/capability")],
+        );
     }
 }

@@ -9,7 +9,10 @@ pub(super) fn check(findings: &mut Findings<'_>, grant: &RawGrant) {
     findings.error(
         Code::UnknownIssuerInGrant,
         format!("{}/to/issuer", grant.path),
-        format!("the grant selects the issuer `{}`, which is not declared", grant.issuer),
+        format!(
+            "the grant selects the issuer `{}`, which is not declared",
+            grant.issuer
+        ),
         &[("/principals/issuers", "declared issuers")],
     );
 }

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# The one command that checks capgate: formatting, lints (the core's purity gate among them), the
+# core's build without the periphery, and every test. It prepares what a fresh Debian machine with a
+# rustup toolchain lacks, and its output ends with the test runner's summary line.
+#
+#   scripts/test.sh
+#
+# CI runs it through .ci/run, in a fresh clone, with CI=true and no stdin.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+step() {
+    printf '\n==> %s\n' "$*" >&2
+}
+
+die() {
+    printf 'scripts/test.sh: %s\n' "$*" >&2
+    exit 1
+}
+
+# Runs a command as root: directly when we are root, through sudo when it needs no password.
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+        sudo -n "$@"
+    else
+        die "\`$*\` needs root, and sudo is not available without a password"
+    fi
+}
+
+# Runs a command as the `postgres` user, which owns the packaged cluster.
+as_postgres() {
+    if [ "$(id -un)" = postgres ]; then
+        "$@"
+    elif [ "$(id -u)" -eq 0 ]; then
+        runuser -u postgres -- "$@"
+    else
+        as_root runuser -u postgres -- "$@"
+    fi
+}
+
+ensure_cargo() {
+    # A non-login shell may not have rustup's directory on its PATH yet.
+    if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
+        # shellcheck source=/dev/null
+        . "$HOME/.cargo/env"
+    fi
+    command -v cargo >/dev/null 2>&1 || die "cargo not found: install a Rust toolchain with rustup"
+}
+
+# Installs a rustup component when its cargo subcommand is missing. That download needs the network;
+# offline, the script stops here and says so.
+ensure_component() {
+    local subcommand=$1 component=$2
+    if cargo "$subcommand" --version >/dev/null 2>&1; then
+        return
+    fi
+    step "rustup component add $component"
+    command -v rustup >/dev/null 2>&1 || die "\`cargo $subcommand\` is missing and rustup is not installed"
+    rustup component add "$component" \
+        || die "\`cargo $subcommand\` is missing and \`rustup component add $component\` failed (it needs network access)"
+}
+
+# PostgreSQL on 127.0.0.1:5432, for the store tests (nothing uses it yet). Starts Debian's packaged
+# cluster when it is not answering, installs the package first when it is missing, and exports
+# DATABASE_URL. A server that is already running is used as it is.
+ensure_postgres() {
+    export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+    if command -v pg_isready >/dev/null 2>&1 && pg_isready -q -h 127.0.0.1 -p 5432; then
+        return
+    fi
+
+    local installed_now=false
+    if ! command -v pg_ctlcluster >/dev/null 2>&1; then
+        step "apt-get install postgresql"
+        as_root apt-get update
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql
+        installed_now=true
+    fi
+
+    local version
+    version=$(find /etc/postgresql -mindepth 1 -maxdepth 1 -printf '%f\n' 2>/dev/null | sort -V | tail -n 1)
+    if [ -z "$version" ]; then
+        # The package was told not to create a cluster: create the default one.
+        version=$(find /usr/lib/postgresql -mindepth 1 -maxdepth 1 -printf '%f\n' | sort -V | tail -n 1)
+        [ -n "$version" ] || die "PostgreSQL is installed but no server version was found in /usr/lib/postgresql"
+        as_root pg_createcluster "$version" main
+    fi
+
+    if [ "$installed_now" = true ]; then
+        # A cluster this script created: let local tests connect as `postgres` without a password,
+        # as DATABASE_URL says. A cluster that was already there keeps its own authentication.
+        local hba="/etc/postgresql/$version/main/pg_hba.conf"
+        as_root sed -i '1i host all all 127.0.0.1/32 trust' "$hba"
+    fi
+
+    step "pg_ctlcluster $version main start"
+    as_postgres pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+    local attempt
+    for attempt in $(seq 1 30); do
+        if pg_isready -q -h 127.0.0.1 -p 5432; then
+            if [ "$installed_now" = true ]; then
+                # In case the package's own scripts had started it before pg_hba.conf was changed.
+                as_postgres pg_ctlcluster --skip-systemctl-redirect "$version" main reload
+            fi
+            return
+        fi
+        sleep 1
+    done
+    die "PostgreSQL $version did not start on 127.0.0.1:5432 (attempted for ${attempt}s; see /var/log/postgresql/)"
+}
+
+ensure_cargo
+ensure_component fmt rustfmt
+ensure_component clippy clippy
+
+step "cargo fmt --check"
+cargo fmt --check
+
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets -- -D warnings
+
+step "cargo clippy --lib --no-default-features -- -D warnings"
+cargo clippy --lib --no-default-features -- -D warnings
+
+step "cargo build --lib --no-default-features"
+cargo build --lib --no-default-features
+
+ensure_postgres
+
+# With nextest, doctests and benches run first through cargo: nextest does not run doctests, and it
+# would start one process per benchmark, each building its fixture again (seconds become a minute).
+# Either way, the last line printed is the test runner's summary.
+if cargo nextest --version >/dev/null 2>&1; then
+    step "cargo test --doc"
+    cargo test --doc
+    step "cargo test --benches"
+    cargo test --benches
+    step "cargo nextest run"
+    cargo nextest run
+else
+    step "cargo test --all-targets"
+    cargo test --all-targets
+    step "cargo test --doc"
+    cargo test --doc
+fi

@@ -1,0 +1,1012 @@
+//! The `capgate` binary, run for real on `examples/` and `tests/fixtures/cli/`
+//! (ruff's `tests/cli` style): each case snapshots the exit code, stdout and
+//! stderr together, and asserts the facts the spec fixes (cli.md, the §4.11
+//! worked examples of policy-core.md) so that a wrong snapshot cannot be
+//! accepted by accident.
+//!
+//! Command lines are written as a shell would read them (words split on
+//! spaces, `'…'` quoting), relative to the crate root.
+//!
+//! Snapshots live in `tests/snapshots/`; write new ones with
+//! `INSTA_UPDATE=always cargo test --test cli` and read every one.
+
+// Spawning the binary and reading fixtures is what this file is for.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use serde_json::{json, Value};
+
+const POLICY: &str = "examples/policy.yaml";
+const CATALOG: &str = "examples/catalog.yaml";
+const AT: &str = "2026-01-02T00:00:00Z";
+
+/// One run of the binary.
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    /// Exit code, stdout and stderr as one text, for a snapshot.
+    fn snapshot(&self) -> String {
+        format!(
+            "exit: {}\n----- stdout -----\n{}----- stderr -----\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|error| panic!("stdout is not JSON ({error}):\n{}", self.stdout))
+    }
+}
+
+/// Splits a command line into words: spaces separate, `'…'` quotes
+/// (so `''` is an empty word and `'org=Acme Corp'` one word).
+fn words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut quoted = false;
+    for c in line.chars() {
+        match c {
+            '\'' => {
+                quoted = !quoted;
+                word.get_or_insert_with(String::new);
+            }
+            ' ' if !quoted => words.extend(word.take()),
+            _ => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    assert!(!quoted, "unbalanced quote in {line:?}");
+    words.extend(word);
+    words
+}
+
+fn capgate(line: &str) -> Run {
+    capgate_with_stdin(line, b"")
+}
+
+fn capgate_with_stdin(line: &str, stdin: &[u8]) -> Run {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_capgate"))
+        .args(words(line))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary starts");
+    // The binary may exit before reading its input (a usage error): a broken
+    // pipe here is not a failure of the test.
+    let _ = child.stdin.take().expect("piped stdin").write_all(stdin);
+    let output = child.wait_with_output().expect("the binary finishes");
+    let run = Run {
+        code: output.status.code().expect("exited, not killed by a signal"),
+        stdout: String::from_utf8(output.stdout).expect("stdout is UTF-8"),
+        stderr: String::from_utf8(output.stderr).expect("stderr is UTF-8"),
+    };
+    assert!(
+        !run.stderr.contains("panicked"),
+        "the binary panicked:\n{}",
+        run.stderr
+    );
+    run
+}
+
+/// `explain` on the example with its catalog, at a fixed instant.
+fn explain(rest: &str) -> Run {
+    capgate(&format!("explain {POLICY} --catalog {CATALOG} --at {AT} {rest}"))
+}
+
+fn read(path: &str) -> Vec<u8> {
+    std::fs::read(format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))).expect("readable file")
+}
+
+fn strings(values: &Value, field: &str) -> Vec<String> {
+    let items = values.as_array().expect("an array");
+    items
+        .iter()
+        .map(|item| item[field].as_str().expect("a string").to_owned())
+        .collect()
+}
+
+// ── validate ────────────────────────────────────────────────────────────────
+
+#[test]
+fn validate_the_example_finds_nothing() {
+    let run = capgate("validate examples/policy.yaml");
+    assert_eq!(run.code, 0);
+    assert_eq!(run.stdout.lines().count(), 1, "no diagnostics is one line");
+    insta::assert_snapshot!("validate_example", run.snapshot());
+}
+
+#[test]
+fn validate_the_example_with_its_catalog_warns_twice() {
+    let run = capgate("validate examples/policy.yaml --catalog examples/catalog.yaml --json");
+    assert_eq!(run.code, 0);
+    let json = run.json();
+    assert_eq!(json["ok"], true);
+    assert_eq!(json["policy"]["origin"], POLICY);
+    let version = json["policy"]["version"].as_str().unwrap();
+    assert!(version.starts_with("sha256:") && version.len() == 71);
+    let diagnostics = json["diagnostics"].as_array().unwrap();
+    assert_eq!(diagnostics.len(), 2);
+    for diagnostic in diagnostics {
+        assert_eq!(diagnostic["severity"], "warning");
+        assert_eq!(diagnostic["code"], "catalog_tool_unmapped");
+        assert_eq!(diagnostic["path"], "/upstreams");
+        assert_eq!(diagnostic["position"], json!({"line": 24, "column": 3}));
+        assert_eq!(diagnostic["related"], json!([]));
+    }
+    insta::assert_snapshot!("validate_example_catalog_json", run.snapshot());
+}
+
+#[test]
+fn validate_warnings_only_exits_zero() {
+    let run = capgate("validate tests/fixtures/cli/warnings.yaml");
+    assert_eq!(run.code, 0);
+    assert!(run
+        .stdout
+        .contains("warnings.yaml:6:5  warning  capability_not_realized\n"));
+    assert!(run
+        .stdout
+        .contains("warnings.yaml:16:5  warning  unused_account\n"));
+    insta::assert_snapshot!("validate_warnings", run.snapshot());
+}
+
+#[test]
+fn validate_errors_human() {
+    let run = capgate("validate tests/fixtures/cli/errors.yaml");
+    assert_eq!(run.code, 1);
+    // The header, message, pointer, related location and underlined snippet.
+    let block = "tests/fixtures/cli/errors.yaml:5:5  error  duplicate_id\n\
+                 \x20 the capability `crm.contact.read` is declared twice\n\
+                 \x20 at /capabilities/1\n\
+                 \x20 first declaration: tests/fixtures/cli/errors.yaml:4:5  /capabilities/0\n\
+                 \x20 |\n\
+                 5 |   - id: crm.contact.read\n\
+                 \x20 |     ^^^^^^^^^^^^^^^^^^^^\n";
+    assert!(run.stdout.starts_with(block), "{}", run.stdout);
+    assert!(run
+        .stdout
+        .contains("35 |     using: 'crm-archiver'\n   |            ^^^^^^^^^^^^^^\n"));
+    assert!(run.stdout.ends_with("errors.yaml: 7 errors, 1 warning\n"));
+    insta::assert_snapshot!("validate_errors", run.snapshot());
+}
+
+#[test]
+fn validate_errors_json() {
+    let run = capgate("validate tests/fixtures/cli/errors.yaml --json");
+    assert_eq!(run.code, 1);
+    let json = run.json();
+    assert_eq!(json["ok"], false);
+    assert_eq!(
+        strings(&json["diagnostics"], "code"),
+        [
+            "duplicate_id",
+            "claim_mapping_expected",
+            "attribute_not_declared",
+            "unknown_capability_in_grant",
+            "unknown_issuer_in_grant",
+            "unknown_account_in_grant",
+            "ambiguous_grant",
+            "unused_account",
+        ]
+    );
+    let first = &json["diagnostics"][0];
+    let related = json!([{
+        "path": "/capabilities/0",
+        "position": {"line": 4, "column": 5},
+        "note": "first declaration",
+    }]);
+    assert_eq!(first["related"], related);
+    // Positions carry line and column only; the offset is not in the contract.
+    assert!(first["position"].get("offset").is_none());
+    insta::assert_snapshot!("validate_errors_json", run.snapshot());
+}
+
+#[test]
+fn validate_yaml_syntax_and_schema_violations() {
+    let syntax = capgate("validate tests/fixtures/cli/yaml-syntax.yaml");
+    assert_eq!(syntax.code, 1);
+    assert!(syntax
+        .stdout
+        .starts_with("tests/fixtures/cli/yaml-syntax.yaml:3:1  error  yaml_syntax\n"));
+    insta::assert_snapshot!("validate_yaml_syntax", syntax.snapshot());
+
+    let schema = capgate("validate tests/fixtures/cli/schema.yaml --json");
+    assert_eq!(schema.code, 1);
+    let json = schema.json();
+    assert!(strings(&json["diagnostics"], "code")
+        .iter()
+        .all(|code| code == "schema_violation"));
+    assert_eq!(json["diagnostics"][0]["path"], "/grants/0/limits/calls");
+    insta::assert_snapshot!("validate_schema_json", schema.snapshot());
+}
+
+#[test]
+fn validate_an_empty_document_has_no_position() {
+    let run = capgate_with_stdin("validate - --json", b"");
+    assert_eq!(run.code, 1);
+    let json = run.json();
+    assert_eq!(json["policy"]["origin"], "-");
+    assert_eq!(json["diagnostics"][0]["position"], Value::Null);
+    let human = capgate_with_stdin("validate -", b"");
+    assert!(
+        human.stdout.starts_with("-  error  schema_violation\n"),
+        "{}",
+        human.stdout
+    );
+}
+
+// ── explain: the worked examples of policy-core §4.11 ───────────────────────
+
+/// One row of the §4.11 table: principal and capability, the usage flags,
+/// then the expected outcome, code, path, subject, account and `(calls, per)`.
+struct Row {
+    principal: &'static str,
+    capability: &'static str,
+    usage: &'static str,
+    outcome: &'static str,
+    code: &'static str,
+    path: &'static str,
+    subject: &'static str,
+    account: Option<&'static str>,
+    limits: Option<(u64, &'static str)>,
+}
+
+// One row per line, as in the spec's table.
+#[rustfmt::skip]
+const ROWS: &[Row] = &[
+    Row { principal: "--issuer staff --attr dept=support", capability: "tickets.issue.read", usage: "--usage 0", outcome: "allow", code: "granted", path: "/grants/0", subject: "tickets.issue.read", account: Some("helpdesk-reader"), limits: Some((600, "1h")) },
+    Row { principal: "--issuer staff --attr dept=support", capability: "tickets.issue.read", usage: "--usage 600", outcome: "deny", code: "limit_exhausted", path: "/grants/0", subject: "tickets.issue.read", account: None, limits: None },
+    Row { principal: "--issuer staff --attr dept=support", capability: "tickets.issue.write", usage: "", outcome: "deny", code: "no_grant_matches", path: "/grants", subject: "tickets.issue.write", account: None, limits: None },
+    Row { principal: "--issuer staff --attr dept=support --attr level=senior", capability: "tickets.issue.write", usage: "--usage 99", outcome: "allow", code: "granted", path: "/grants/1", subject: "tickets.issue.write", account: Some("helpdesk-agent"), limits: Some((100, "1h")) },
+    Row { principal: "--issuer staff", capability: "docs.page.search", usage: "--usage unknown", outcome: "allow", code: "granted", path: "/grants/2", subject: "docs.page.search", account: Some("docs-reader"), limits: None },
+    Row { principal: "--issuer staff --attr dept=support --attr level=senior", capability: "docs.page.search", usage: "--usage 0", outcome: "allow", code: "granted", path: "/grants/3", subject: "docs.page.search", account: Some("docs-reader"), limits: Some((2400, "1d")) },
+    Row { principal: "--issuer staff --attr dept=support --attr level=intern", capability: "docs.page.search", usage: "", outcome: "allow", code: "granted", path: "/grants/4", subject: "docs.page.search", account: Some("docs-reader"), limits: Some((100, "1h")) },
+    Row { principal: "--issuer staff --attr dept=finance", capability: "billing.refund.create", usage: "--usage none", outcome: "allow", code: "granted", path: "/grants/10", subject: "billing.refund.create", account: Some("payments-bot"), limits: Some((0, "1d")) },
+    Row { principal: "--issuer staff --attr dept=finance", capability: "billing.refund.create", usage: "--usage 0", outcome: "deny", code: "limit_exhausted", path: "/grants/10", subject: "billing.refund.create", account: None, limits: None },
+    Row { principal: "--issuer nightly --attr role=batch --attr env=prod", capability: "deploy.release.approve", usage: "", outcome: "deny", code: "account_disabled", path: "/grants/11", subject: "release-robot", account: None, limits: None },
+    Row { principal: "--issuer mesh --attr 'org=Acme Corp' --attr unit=payments", capability: "billing.refund.create", usage: "--usage unknown", outcome: "deny", code: "usage_unknown", path: "/grants/7", subject: "payments-bot", account: None, limits: None },
+    Row { principal: "--issuer mesh --attr 'org=Acme Corp' --attr unit=sre", capability: "metrics.dashboard-view", usage: "--usage 29", outcome: "allow", code: "granted", path: "/grants/8", subject: "metrics.dashboard-view", account: Some("metrics-viewer"), limits: Some((30, "1m")) },
+    Row { principal: "--issuer staff --attr dept=support", capability: "crm.contact.read", usage: "--usage unknown", outcome: "deny", code: "capability_not_declared", path: "/capabilities", subject: "crm.contact.read", account: None, limits: None },
+    Row { principal: "--issuer mesh --attr unit=payments", capability: "billing.refund.create", usage: "", outcome: "deny", code: "no_grant_matches", path: "/grants", subject: "billing.refund.create", account: None, limits: None },
+];
+
+#[test]
+fn explain_reproduces_every_worked_example() {
+    for row in ROWS {
+        let args = format!(
+            "{} --subject someone --capability {} {} --json",
+            row.principal, row.capability, row.usage
+        );
+        let run = explain(&args);
+        assert_eq!(run.code, 0, "{args}: {}", run.stderr);
+        let json = run.json();
+        let decision = &json["decision"];
+        assert_eq!(decision["outcome"], row.outcome, "{args}");
+        assert_eq!(decision["reason"]["code"], row.code, "{args}");
+        assert_eq!(decision["reason"]["path"], row.path, "{args}");
+        assert_eq!(decision["reason"]["subject"], row.subject, "{args}");
+        let line = decision["reason"]["position"]["line"].as_u64();
+        assert!(line.is_some_and(|line| line > 0), "{args}: {decision}");
+        match row.account {
+            Some(account) => {
+                assert_eq!(decision["account"], json!({"id": account}), "{args}");
+                match row.limits {
+                    Some((calls, per)) => {
+                        assert_eq!(decision["limits"]["calls"], calls, "{args}");
+                        assert_eq!(decision["limits"]["per"], per, "{args}");
+                    }
+                    None => assert_eq!(decision["limits"], Value::Null, "{args}"),
+                }
+                assert!(!json["tools"].as_array().unwrap().is_empty(), "{args}");
+            }
+            None => {
+                // A deny has no account and no limits: absent, not null.
+                assert!(decision.get("account").is_none(), "{args}");
+                assert!(decision.get("limits").is_none(), "{args}");
+                assert_eq!(json["tools"], json!([]), "{args}");
+            }
+        }
+    }
+}
+
+#[test]
+fn explain_allow_human() {
+    let run = explain(
+        "--issuer staff --subject ana --attr dept=support --attr level=senior --attr team=blue \
+         --capability tickets.issue.write --usage 99",
+    );
+    assert_eq!(run.code, 0);
+    assert!(run.stdout.contains("\nALLOWED\n"));
+    assert!(run
+        .stdout
+        .contains("  site      examples/policy.yaml:134:5  /grants/1\n"));
+    assert!(run.stdout.contains("  ceiling   100 calls per 1h\n"));
+    assert!(run.stdout.contains("discarded  team  "));
+    insta::assert_snapshot!("explain_allow_human", run.snapshot());
+}
+
+#[test]
+fn explain_limit_exhausted_human() {
+    let run = explain(
+        "--issuer staff --subject ana --attr dept=support --capability tickets.issue.read --usage 600",
+    );
+    assert_eq!(run.code, 0, "a deny still exits 0");
+    assert!(run.stdout.contains("\nDENIED\n  reason    limit_exhausted — "));
+    assert!(!run.stdout.contains("account"), "a deny names no account");
+    insta::assert_snapshot!("explain_limit_exhausted_human", run.snapshot());
+}
+
+#[test]
+fn explain_account_disabled_uses_static_key_defaults() {
+    // No --attr: the static-key issuer's literal attributes are the defaults.
+    let run = explain("--issuer nightly --subject nightly-runner --capability deploy.release.approve --json");
+    assert_eq!(run.code, 0);
+    let json = run.json();
+    assert_eq!(
+        json["principal"]["attributes"],
+        json!({"env": "prod", "role": "batch"})
+    );
+    assert_eq!(json["decision"]["reason"]["code"], "account_disabled");
+    insta::assert_snapshot!("explain_account_disabled_json", run.snapshot());
+}
+
+#[test]
+fn explain_usage_unknown_human() {
+    let run = explain(
+        "--issuer mesh --subject payments-svc --attr 'org=Acme Corp' --attr unit=payments \
+         --capability billing.refund.create --usage unknown",
+    );
+    assert_eq!(run.code, 0);
+    assert!(run.stdout.contains("  reason    usage_unknown — "));
+    assert!(run.stdout.contains("  subject   payments-bot\n"));
+    insta::assert_snapshot!("explain_usage_unknown_human", run.snapshot());
+}
+
+#[test]
+fn explain_capability_not_declared_json() {
+    let run = explain("--issuer staff --subject ana --capability crm.contact.read --json");
+    assert_eq!(run.code, 0);
+    let json = run.json();
+    assert_eq!(json["decision"]["reason"]["path"], "/capabilities");
+    // `/capabilities` is the section anchor: the sequence's first `-`.
+    assert_eq!(
+        json["decision"]["reason"]["position"],
+        json!({"line": 11, "column": 3})
+    );
+    insta::assert_snapshot!("explain_capability_not_declared_json", run.snapshot());
+}
+
+#[test]
+fn explain_window_start_makes_time_matter() {
+    let ask = |at: &str| {
+        capgate(&format!(
+            "explain {POLICY} --issuer staff --subject ana --attr dept=support \
+             --capability tickets.issue.read --usage 600 \
+             --window-start 2026-01-01T23:00:00+00:00 --at {at} --json"
+        ))
+    };
+    // The 1h window opened at 23:00 UTC expires at 00:00 UTC exactly.
+    let inside = ask("2026-01-02T00:59:59.999+01:00");
+    assert_eq!(inside.json()["decision"]["reason"]["code"], "limit_exhausted");
+    insta::assert_snapshot!("explain_window_start_inside_json", inside.snapshot());
+    let expired = ask("2026-01-02t00:00:00z");
+    let json = expired.json();
+    assert_eq!(json["decision"]["outcome"], "allow");
+    assert_eq!(json["at"], "2026-01-02T00:00:00Z");
+    let usage = json!({"state": "counted", "calls": 600, "window_start": "2026-01-01T23:00:00Z"});
+    assert_eq!(json["usage"], usage);
+}
+
+#[test]
+fn explain_instants_are_utc_with_milliseconds_only_when_present() {
+    let run = explain(
+        "--issuer staff --subject a --capability docs.page.search --json \
+         --usage 3 --window-start 2026-01-01T10:00:00.1234-02:30",
+    );
+    let json = run.json();
+    assert_eq!(json["at"], "2026-01-02T00:00:00Z");
+    assert_eq!(json["usage"]["window_start"], "2026-01-01T12:30:00.123Z");
+    let none = explain("--issuer staff --subject a --capability docs.page.search --json --usage none");
+    assert_eq!(none.json()["usage"], json!({"state": "not_consulted"}));
+    let unknown = explain("--issuer staff --subject a --capability docs.page.search --json --usage unknown");
+    assert_eq!(unknown.json()["usage"], json!({"state": "unknown"}));
+}
+
+#[test]
+fn explain_defaults_at_to_now() {
+    let run = capgate(&format!(
+        "explain {POLICY} --issuer staff --subject a --capability docs.page.search --json"
+    ));
+    let json = run.json();
+    let at = json["at"].as_str().unwrap();
+    assert!(
+        at.ends_with('Z') && at.len() >= 20 && at.as_bytes()[10] == b'T',
+        "{at}"
+    );
+    assert!(at > "2025-", "{at}");
+    assert_eq!(
+        json["usage"]["window_start"], json["at"],
+        "the window opens at `at` by default"
+    );
+    assert_eq!(json["usage"]["calls"], 0);
+}
+
+#[test]
+fn explain_a_tool_resolves_to_its_capability() {
+    let run =
+        explain("--issuer staff --subject ana --attr dept=support --tool helpdesk-legacy__fetch_case --json");
+    assert_eq!(run.code, 0);
+    let json = run.json();
+    assert_eq!(json["capability"], "tickets.issue.read");
+    let tool = json!({"exposed_name": "helpdesk-legacy__fetch_case", "upstream": "helpdesk-legacy", "name": "fetch_case"});
+    assert_eq!(json["tool"], tool);
+    assert_eq!(json["unknown_tool"], false);
+    assert_eq!(
+        strings(&json["tools"], "exposed_name"),
+        [
+            "helpdesk__get_ticket",
+            "helpdesk__list_tickets",
+            "helpdesk-legacy__fetch_case"
+        ]
+    );
+    insta::assert_snapshot!("explain_tool_json", run.snapshot());
+}
+
+#[test]
+fn explain_an_unmapped_or_unknown_tool_has_no_decision() {
+    // delete_ticket is in the catalog but unmapped: as unknown as a made-up name.
+    for tool in ["helpdesk__delete_ticket", "nothing__here", "helpdesk"] {
+        let run = explain(&format!("--issuer staff --subject ana --tool {tool} --json"));
+        assert_eq!(run.code, 0, "{tool}");
+        let json = run.json();
+        assert_eq!(json["unknown_tool"], true, "{tool}");
+        assert_eq!(json["capability"], Value::Null, "{tool}");
+        assert_eq!(json["tool"], Value::Null, "{tool}");
+        assert_eq!(json["decision"], Value::Null, "{tool}");
+        assert_eq!(json["tools"], json!([]), "{tool}");
+        assert_eq!(json["principal"]["id"], "staff:ana", "{tool}");
+    }
+    let human = explain("--issuer staff --subject ana --tool helpdesk__delete_ticket");
+    assert!(human.stdout.contains("\nUNKNOWN TOOL\n"));
+    insta::assert_snapshot!("explain_unknown_tool_human", human.snapshot());
+}
+
+#[test]
+fn explain_issuer_unknown() {
+    let run = explain("--issuer partners --subject ana --attr x=1 --tool helpdesk__get_ticket --json");
+    assert_eq!(run.code, 0);
+    let json = run.json();
+    assert_eq!(json["problem"], "issuer_unknown");
+    assert_eq!(json["principal"], Value::Null);
+    assert_eq!(json["decision"], Value::Null);
+    assert_eq!(json["discarded"], json!([]));
+    // The capability and tool are still filled from --tool.
+    assert_eq!(json["capability"], "tickets.issue.read");
+    assert_eq!(json["tool"]["exposed_name"], "helpdesk__get_ticket");
+    assert_eq!(json["tools"], json!([]));
+    insta::assert_snapshot!("explain_issuer_unknown_json", run.snapshot());
+}
+
+#[test]
+fn explain_blank_subject_is_credential_missing() {
+    let run = explain("--issuer staff --subject '  ' --capability docs.page.search");
+    assert_eq!(run.code, 0);
+    assert!(run.stdout.contains("  problem   credential_missing — "));
+    assert!(!run.stdout.contains("ALLOWED"));
+    insta::assert_snapshot!("explain_credential_missing_human", run.snapshot());
+    let json = explain("--issuer staff --subject '' --capability docs.page.search --json").json();
+    assert_eq!(json["problem"], "credential_missing");
+    assert_eq!(json["capability"], "docs.page.search");
+    assert_eq!(json["unknown_tool"], false);
+}
+
+#[test]
+fn explain_repeated_attributes_are_multi_valued() {
+    // dept given twice: no dept attribute, so only the attribute-less grant
+    // /grants/2 matches docs.page.search; the key is not "discarded".
+    let json = explain(
+        "--issuer staff --subject a --attr dept=support --attr dept=sales --attr zone=eu \
+         --capability docs.page.search --json",
+    )
+    .json();
+    assert_eq!(json["principal"]["attributes"], json!({}));
+    assert_eq!(json["discarded"], json!(["zone"]));
+    assert_eq!(json["decision"]["reason"]["path"], "/grants/2");
+
+    // A static-key literal given once is replaced; --subject is used as given.
+    let replaced = explain(
+        "--issuer nightly --subject other --attr env=staging --capability deploy.release.approve --json",
+    )
+    .json();
+    assert_eq!(replaced["principal"]["id"], "nightly:other");
+    assert_eq!(
+        replaced["principal"]["attributes"],
+        json!({"env": "staging", "role": "batch"})
+    );
+    assert_eq!(replaced["decision"]["reason"]["code"], "no_grant_matches");
+
+    // Given twice, it is removed.
+    let removed = explain(
+        "--issuer nightly --subject x --attr role=a --attr role=b --capability tickets.issue.read --json",
+    )
+    .json();
+    assert_eq!(removed["principal"]["attributes"], json!({"env": "prod"}));
+    assert_eq!(removed["decision"]["reason"]["code"], "no_grant_matches");
+
+    // `k=` is the empty value, which no selector can match.
+    let empty =
+        explain("--issuer staff --subject a --attr dept= --capability tickets.issue.read --json").json();
+    assert_eq!(empty["principal"]["attributes"], json!({"dept": ""}));
+    assert_eq!(empty["decision"]["reason"]["code"], "no_grant_matches");
+}
+
+#[test]
+fn explain_on_a_policy_that_does_not_compile_prints_validate() {
+    for json in ["", "--json"] {
+        let run = capgate(&format!(
+            "explain tests/fixtures/cli/errors.yaml --issuer corp --subject a --capability crm.contact.read {json}"
+        ));
+        let validate = capgate(&format!("validate tests/fixtures/cli/errors.yaml {json}"));
+        assert_eq!(run.code, 1);
+        assert_eq!(run.stdout, validate.stdout);
+        assert_eq!(run.stderr, "");
+    }
+}
+
+// ── visible ─────────────────────────────────────────────────────────────────
+
+#[test]
+fn visible_for_senior_support_staff() {
+    let args = format!(
+        "visible {POLICY} --catalog {CATALOG} --issuer staff --subject ana --attr dept=support --attr level=senior"
+    );
+    let run = capgate(&args);
+    assert_eq!(run.code, 0);
+    insta::assert_snapshot!("visible_human", run.snapshot());
+
+    let run = capgate(&format!("{args} --json"));
+    assert_eq!(run.code, 0);
+    let json = run.json();
+    assert_eq!(
+        strings(&json["tools"], "exposed_name"),
+        [
+            "helpdesk__comment_ticket",
+            "helpdesk__get_ticket",
+            "helpdesk__list_tickets",
+            "helpdesk-legacy__fetch_case",
+            "knowledge__search_pages",
+            "knowledge__semantic_search",
+        ],
+        "the §4.11 listing, in catalog order, never the unmapped delete_ticket"
+    );
+    assert_eq!(
+        strings(&json["capabilities"], "capability"),
+        ["tickets.issue.read", "tickets.issue.write", "docs.page.search"]
+    );
+    assert_eq!(json["capabilities"][2]["path"], "/grants/3");
+    assert_eq!(json["tools"][0]["capability"], "tickets.issue.write");
+    assert_eq!(json["tools"][0]["description"], "Add a comment to a ticket");
+    assert_eq!(
+        json["tools"][0]["input_schema"]["required"],
+        json!(["ticketId", "body"])
+    );
+    insta::assert_snapshot!("visible_json", run.snapshot());
+}
+
+#[test]
+fn visible_lists_suspended_grants_and_has_no_descriptors_without_a_catalog() {
+    let json = capgate(&format!(
+        "visible {POLICY} --issuer staff --subject f --attr dept=finance --json"
+    ))
+    .json();
+    assert_eq!(
+        strings(&json["capabilities"], "capability"),
+        ["docs.page.search", "billing.refund.create"],
+        "calls: 0 is still listed"
+    );
+    assert_eq!(json["tools"][2]["exposed_name"], "payments__issue_refund");
+    assert_eq!(json["tools"][2]["description"], Value::Null);
+    assert_eq!(json["tools"][2]["input_schema"], Value::Null);
+}
+
+#[test]
+fn visible_without_a_principal_shows_nothing() {
+    let run = capgate(&format!("visible {POLICY} --issuer partners --subject x --json"));
+    assert_eq!(run.code, 0);
+    let json = run.json();
+    assert_eq!(json["problem"], "issuer_unknown");
+    assert_eq!(json["principal"], Value::Null);
+    assert_eq!(json["capabilities"], json!([]));
+    assert_eq!(json["tools"], json!([]));
+    insta::assert_snapshot!("visible_issuer_unknown_json", run.snapshot());
+}
+
+// ── who-can ─────────────────────────────────────────────────────────────────
+
+#[test]
+fn who_can_issue_refunds() {
+    let run = capgate(&format!("who-can {POLICY} --capability billing.refund.create"));
+    assert_eq!(run.code, 0);
+    insta::assert_snapshot!("who_can_human", run.snapshot());
+
+    let run = capgate(&format!(
+        "who-can {POLICY} --capability billing.refund.create --json"
+    ));
+    let json = run.json();
+    assert_eq!(json["declared"], true);
+    assert_eq!(json["realized"], true);
+    assert_eq!(strings(&json["grants"], "path"), ["/grants/7", "/grants/10"]);
+    assert_eq!(
+        json["grants"][0]["attributes"],
+        json!({"org": "Acme Corp", "unit": "payments"})
+    );
+    assert_eq!(
+        json["grants"][1]["account"],
+        json!({"id": "payments-bot", "disabled": false})
+    );
+    assert_eq!(json["grants"][1]["position"], json!({"line": 204, "column": 5}));
+    let tools =
+        json!([{"exposed_name": "payments__issue_refund", "upstream": "payments", "name": "issue_refund"}]);
+    assert_eq!(json["tools"], tools);
+    insta::assert_snapshot!("who_can_json", run.snapshot());
+}
+
+#[test]
+fn who_can_reports_disabled_accounts_and_undeclared_capabilities() {
+    let json = capgate(&format!(
+        "who-can {POLICY} --capability deploy.release.approve --json"
+    ))
+    .json();
+    assert_eq!(json["grants"][0]["account"]["disabled"], true);
+    let run = capgate(&format!("who-can {POLICY} --capability crm.contact.read --json"));
+    assert_eq!(run.code, 0);
+    let json = run.json();
+    assert_eq!(json["declared"], false);
+    assert_eq!(json["realized"], false);
+    assert_eq!(json["grants"], json!([]));
+    assert_eq!(json["tools"], json!([]));
+}
+
+// ── diff ────────────────────────────────────────────────────────────────────
+
+#[test]
+fn diff_reports_gained_lost_and_changed() {
+    let after = "tests/fixtures/cli/after.yaml";
+    let run = capgate(&format!("diff {POLICY} {after}"));
+    assert_eq!(run.code, 1, "changes exit 1");
+    insta::assert_snapshot!("diff_human", run.snapshot());
+
+    let run = capgate(&format!("diff {POLICY} {after} --json"));
+    assert_eq!(run.code, 1);
+    let json = run.json();
+    let changes: Vec<String> = json["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {} {} {}",
+                c["issuer"], c["attributes"], c["capability"], c["kind"]
+            )
+        })
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            r#""mesh" {"unit":"sre"} "metrics.dashboard-view" "changed""#,
+            r#""staff" {"dept":"finance"} "billing.refund.create" "lost""#,
+            r#""staff" {"dept":"sre"} "tickets.issue.read" "gained""#,
+            r#""staff" {"dept":"support"} "tickets.issue.read" "changed""#,
+            r#""staff" {"dept":"support","level":"intern"} "tickets.issue.read" "changed""#,
+            r#""staff" {"dept":"support","level":"senior"} "tickets.issue.read" "changed""#,
+        ]
+    );
+    let lost = &json["changes"][1];
+    assert_eq!(
+        lost["after"],
+        json!({"outcome": "deny", "code": "no_grant_matches"})
+    );
+    assert_eq!(lost["before"]["limits"]["calls"], 0);
+    let gained = &json["changes"][2];
+    assert_eq!(
+        gained["after"]["limits"],
+        Value::Null,
+        "an allow without a ceiling has `limits: null`"
+    );
+    insta::assert_snapshot!("diff_json", run.snapshot());
+
+    let widening = capgate(&format!("diff {POLICY} {after} --fail-on widening"));
+    assert_eq!(
+        widening.code, 1,
+        "a gained decision and a looser ceiling are widening"
+    );
+}
+
+#[test]
+fn diff_ignores_reorders_and_respellings_and_narrowing_is_not_widening() {
+    let narrowed = "tests/fixtures/cli/narrowed.yaml";
+    let run = capgate(&format!("diff {POLICY} {narrowed} --json"));
+    assert_eq!(run.code, 1);
+    let json = run.json();
+    assert_eq!(
+        json["changes"].as_array().unwrap().len(),
+        1,
+        "only the tighter ceiling is a change"
+    );
+    assert_eq!(json["changes"][0]["after"]["limits"]["calls"], 10);
+    let widening = capgate(&format!("diff {POLICY} {narrowed} --fail-on widening"));
+    assert_eq!(widening.code, 0);
+    assert!(widening.stdout.starts_with("1 decision change (0 widening):\n"));
+    let reverse = capgate(&format!("diff {narrowed} {POLICY} --fail-on widening"));
+    assert_eq!(reverse.code, 1, "loosening the ceiling back is widening");
+}
+
+#[test]
+fn diff_deny_to_deny_with_another_code_is_changed_and_not_widening() {
+    let before = "tests/fixtures/cli/warnings.yaml";
+    let text = String::from_utf8(read(before)).unwrap();
+    // After: a tool realises crm.contact.archive (capability_not_realized
+    // becomes no_grant_matches) and crm-reader is disabled (an allow is lost).
+    let after = text
+        .replace(
+            "        capability: crm.contact.read\n",
+            "        capability: crm.contact.read\n      - name: archive_contact\n        capability: crm.contact.archive\n",
+        )
+        .replace("  - id: crm-reader\n", "  - id: crm-reader\n    disabled: true\n");
+    assert_ne!(after, text);
+    let run = capgate_with_stdin(
+        &format!("diff {before} - --json --fail-on widening"),
+        after.as_bytes(),
+    );
+    assert_eq!(
+        run.code,
+        0,
+        "neither a lost allow nor deny -> deny is widening: {}",
+        run.snapshot()
+    );
+    let json = run.json();
+    let changes: Vec<String> = json["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {} {} {}",
+                c["attributes"], c["capability"], c["kind"], c["after"]["code"]
+            )
+        })
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            r#"{} "crm.contact.archive" "changed" "no_grant_matches""#,
+            r#"{"team":"sales"} "crm.contact.archive" "changed" "no_grant_matches""#,
+            r#"{"team":"sales"} "crm.contact.read" "lost" "account_disabled""#,
+        ]
+    );
+    let before_summary = json!({"outcome": "deny", "code": "capability_not_realized"});
+    assert_eq!(json["changes"][0]["before"], before_summary);
+    assert_eq!(json["after"]["origin"], "-");
+    let run = capgate_with_stdin(&format!("diff {before} -"), after.as_bytes());
+    assert_eq!(run.code, 1);
+    insta::assert_snapshot!("diff_deny_to_deny_human", run.snapshot());
+}
+
+#[test]
+fn diff_of_identical_policies_has_no_changes() {
+    // Both sides from one standard input: it is read once.
+    let run = capgate_with_stdin("diff - - --json", &read(POLICY));
+    assert_eq!(run.code, 0);
+    let json = run.json();
+    assert_eq!(json["changes"], json!([]));
+    assert_eq!(json["before"], json["after"]);
+    let human = capgate(&format!("diff {POLICY} {POLICY}"));
+    assert_eq!(human.code, 0);
+    assert_eq!(human.stdout, "no decision changes between the two versions\n");
+}
+
+#[test]
+fn diff_with_a_side_that_does_not_compile_exits_3() {
+    let errors = "tests/fixtures/cli/errors.yaml";
+    let run = capgate(&format!("diff {POLICY} {errors}"));
+    assert_eq!(run.code, 3);
+    let validate = capgate(&format!("validate {errors}"));
+    assert_eq!(run.stdout, validate.stdout, "the failing side's validate output");
+    insta::assert_snapshot!("diff_failing_side_human", run.snapshot());
+
+    let run = capgate(&format!(
+        "diff {errors} tests/fixtures/cli/yaml-syntax.yaml --json"
+    ));
+    assert_eq!(run.code, 3);
+    let json = run.json();
+    assert_eq!(json["before"]["origin"], errors);
+    assert_eq!(strings(&json["errors"], "side"), ["before", "after"]);
+    let validate = capgate(&format!("validate {errors} --json")).json();
+    assert_eq!(json["errors"][0]["diagnostics"], validate["diagnostics"]);
+    assert!(json.get("changes").is_none());
+    insta::assert_snapshot!("diff_failing_sides_json", run.snapshot());
+}
+
+#[test]
+fn diff_with_a_catalog_fails_a_side_with_an_unlisted_tool() {
+    let run = capgate(&format!(
+        "diff {POLICY} tests/fixtures/cli/warnings.yaml --catalog {CATALOG} --json"
+    ));
+    assert_eq!(run.code, 3);
+    let json = run.json();
+    assert_eq!(strings(&json["errors"], "side"), ["after"]);
+    let codes = strings(&json["errors"][0]["diagnostics"], "code");
+    assert!(
+        codes.iter().any(|code| code == "tool_not_in_catalog"),
+        "{codes:?}"
+    );
+}
+
+// ── schema ──────────────────────────────────────────────────────────────────
+
+#[test]
+fn schema_prints_the_json_schema() {
+    let run = capgate("schema");
+    assert_eq!(run.code, 0);
+    assert_eq!(run.stderr, "");
+    let json = run.json();
+    assert_eq!(json["$schema"], "https://json-schema.org/draft/2020-12/schema");
+    let published: Value = serde_json::from_str(capgate::policy::schema::SCHEMA_JSON).unwrap();
+    assert_eq!(json, published);
+    assert_eq!(capgate("schema --json").code, 2, "schema takes no flags");
+}
+
+// ── usage errors, unreadable inputs, standard input ─────────────────────────
+
+#[test]
+fn usage_errors_exit_2_with_one_line_and_a_hint() {
+    let explain = "explain examples/policy.yaml --issuer staff --subject a --capability x";
+    let cases = [
+        String::new(),
+        "frobnicate".into(),
+        "validate".into(),
+        "validate examples/policy.yaml --strict".into(),
+        "validate examples/policy.yaml --json --json".into(),
+        "validate examples/policy.yaml --catalog examples/catalog.yaml --catalog examples/catalog.yaml"
+            .into(),
+        "explain examples/policy.yaml --issuer staff --subject a".into(),
+        "explain examples/policy.yaml --subject a --capability x".into(),
+        format!("{explain} --tool y"),
+        format!("{explain} --issuer mesh"),
+        format!("{explain} --attr dept"),
+        format!("{explain} --attr =support"),
+        format!("{explain} --at 2026-01-02"),
+        format!("{explain} --at 2016-12-31T23:59:60Z"),
+        format!("{explain} --at 2026-02-29T00:00:00Z"),
+        format!("{explain} --at 2026-01-02T00:00:00+01"),
+        format!("{explain} --at {AT} --at {AT}"),
+        format!("{explain} --usage -1"),
+        format!("{explain} --usage 18446744073709551616"),
+        format!("{explain} --usage lots"),
+        format!("{explain} --usage 1 --usage 2"),
+        format!("{explain} --window-start yesterday"),
+        format!("{explain} --usage unknown --window-start {AT}"),
+        format!("{explain} --usage none --window-start {AT}"),
+        format!("visible examples/policy.yaml --issuer staff --subject a --at {AT}"),
+        "who-can examples/policy.yaml".into(),
+        "diff examples/policy.yaml".into(),
+        "diff examples/policy.yaml examples/policy.yaml --fail-on narrowing".into(),
+    ];
+    let mut transcript = String::new();
+    for line in &cases {
+        let run = capgate(line);
+        assert_eq!(run.code, 2, "{line}: {}", run.stderr);
+        assert_eq!(run.stdout, "", "{line}");
+        let stderr: Vec<&str> = run.stderr.lines().collect();
+        assert_eq!(stderr.len(), 2, "{line}: {}", run.stderr);
+        assert!(stderr[0].starts_with("error: "), "{line}: {}", run.stderr);
+        assert!(stderr[1].contains("--help"), "{line}: {}", run.stderr);
+        transcript.push_str(&format!("$ capgate {line}\n{}\n", run.snapshot()));
+    }
+    insta::assert_snapshot!("usage_errors", transcript);
+}
+
+#[test]
+fn usage_errors_come_before_reading_any_file() {
+    let run = capgate("explain missing.yaml --issuer a --subject b --capability c --usage x");
+    assert_eq!(run.code, 2);
+}
+
+#[test]
+fn help_and_version_go_to_stdout() {
+    let help = capgate("explain --help");
+    assert_eq!(help.code, 0);
+    assert!(help.stdout.contains("--window-start <T>"));
+    assert_eq!(help.stderr, "");
+    let version = capgate("--version");
+    assert_eq!(version.code, 0);
+    assert!(version.stdout.starts_with("capgate "));
+}
+
+#[test]
+fn unreadable_inputs_exit_3() {
+    let cases = [
+        "validate tests/fixtures/cli/no-such-file.yaml",
+        "validate tests/fixtures/cli",
+        "validate examples/policy.yaml --catalog tests/fixtures/cli/no-such-catalog.yaml",
+        "validate examples/policy.yaml --catalog tests/fixtures/cli/catalog-not-a-list.yaml",
+        "validate examples/policy.yaml --catalog tests/fixtures/cli/yaml-syntax.yaml",
+        "explain tests/fixtures/cli/no-such-file.yaml --issuer a --subject b --capability c",
+        "visible examples/policy.yaml --issuer a --subject b --catalog tests/fixtures/cli/catalog-not-a-list.yaml",
+        "who-can tests/fixtures/cli/no-such-file.yaml --capability c",
+        "diff examples/policy.yaml tests/fixtures/cli/no-such-file.yaml",
+    ];
+    let mut transcript = String::new();
+    for line in cases {
+        let run = capgate(line);
+        assert_eq!(run.code, 3, "{line}: {}", run.stderr);
+        assert_eq!(run.stdout, "", "{line}");
+        assert!(run.stderr.starts_with("error: cannot "), "{line}: {}", run.stderr);
+        assert_eq!(run.stderr.lines().count(), 1, "{line}");
+        transcript.push_str(&format!("$ capgate {line}\n{}\n", run.snapshot()));
+    }
+    insta::assert_snapshot!("unreadable_inputs", transcript);
+}
+
+#[test]
+fn standard_input_is_a_policy() {
+    let bytes = read(POLICY);
+    let from_stdin = capgate_with_stdin("validate - --json", &bytes);
+    let from_file = capgate(&format!("validate {POLICY} --json"));
+    assert_eq!(from_stdin.code, 0);
+    let (stdin_json, file_json) = (from_stdin.json(), from_file.json());
+    assert_eq!(stdin_json["policy"]["origin"], "-");
+    assert_eq!(stdin_json["policy"]["version"], file_json["policy"]["version"]);
+
+    let explain = capgate_with_stdin(
+        &format!("explain - --issuer staff --subject a --attr dept=support --capability tickets.issue.read --at {AT}"),
+        &bytes,
+    );
+    assert_eq!(explain.code, 0);
+    assert!(explain.stdout.contains("  site      -:125:5  /grants/0\n"));
+
+    let broken = capgate_with_stdin("validate -", b"version: 1\ncapabilities: [\n");
+    assert_eq!(broken.code, 1);
+    assert!(broken.stdout.starts_with("-:"));
+}
+
+#[test]
+fn odd_bytes_never_crash_the_binary() {
+    let inputs: [&[u8]; 6] = [
+        b"\xff\xfe\x00garbage",
+        b"version: 1\n\t- [\n",
+        b"a: &a [*a]\n",
+        b"version: 1\r\ncapabilities: [{id: \"x\"}]\r\naccounts: []\r\nprincipals: {issuers: []}\r\ngrants: []\r",
+        b"---\n---\n",
+        "version: 1\ncapabilities:\n  - id: caf\u{e9}\t# \u{1f600}\n".as_bytes(),
+    ];
+    let commands = [
+        "validate -".to_owned(),
+        "validate - --json".to_owned(),
+        format!("explain - --issuer x --subject y --capability z --at {AT}"),
+        "visible - --issuer x --subject y --json".to_owned(),
+        "who-can - --capability z".to_owned(),
+        format!("diff - {POLICY}"),
+    ];
+    for input in inputs {
+        for command in &commands {
+            let run = capgate_with_stdin(command, input);
+            assert!(
+                matches!(run.code, 0 | 1 | 3),
+                "{command} on {input:?}: {}",
+                run.snapshot()
+            );
+        }
+    }
+}
+
+#[test]
+fn the_test_splitter_reads_quotes() {
+    assert_eq!(words("a 'b c'  '' d=''"), ["a", "b c", "", "d="]);
+}
