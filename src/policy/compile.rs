@@ -75,9 +75,9 @@ pub fn compile(artifact: &[u8], catalog: Option<&Catalog>) -> Compilation {
         };
         // With a catalog, "realized" is what the catalog covers; since a
         // mapping missing from it is an error, it equals the mapping flag.
-        let covered: Option<Vec<String>> =
+        let covered: Option<std::collections::HashSet<String>> =
             catalog.map(|_| tools.all().iter().map(|tool| tool.capability.clone()).collect());
-        declared.into_policy(version.clone(), tools, covered.as_deref())
+        declared.into_policy(version.clone(), tools, covered.as_ref())
     });
 
     Compilation {

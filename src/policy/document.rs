@@ -343,7 +343,9 @@ enum Frame {
     Mapping {
         id: NodeId,
         entries: Vec<Entry>,
-        seen: HashSet<String>,
+        /// Keys seen so far, built only for large mappings (small ones are
+        /// scanned: most mappings in a policy have a handful of keys).
+        seen: Option<HashSet<String>>,
         pending_key: Option<(String, Option<Position>)>,
     },
 }
@@ -588,7 +590,10 @@ impl<'t> Builder<'t> {
         span: &Span,
     ) -> bool {
         let has_properties = anchor != 0 || tag.is_some();
-        let mut position = self.content_start(span, has_properties);
+        // An empty scalar has no content to skip to: a tagged one (`a: !!str`)
+        // starts at its tag, not at whatever follows on the next line.
+        let empty_text = text.is_empty() && style == ScalarStyle::Plain;
+        let mut position = self.content_start(span, has_properties && !empty_text);
         if matches!(style, ScalarStyle::Literal | ScalarStyle::Folded) {
             position = self.block_indicator(position);
         }
@@ -692,7 +697,7 @@ impl<'t> Builder<'t> {
             Frame::Mapping {
                 id,
                 entries: Vec::new(),
-                seen: HashSet::new(),
+                seen: None,
                 pending_key: None,
             }
         } else {
@@ -772,7 +777,10 @@ impl<'t> Builder<'t> {
                 false
             }
             Some(Frame::Mapping {
-                seen, pending_key, ..
+                entries,
+                seen,
+                pending_key,
+                ..
             }) => {
                 let key = match key_text {
                     Some(Ok(key)) => key,
@@ -782,7 +790,20 @@ impl<'t> Builder<'t> {
                     }
                     None => return false,
                 };
-                if !seen.insert(key.clone()) {
+                let duplicate = match seen {
+                    Some(keys) => !keys.insert(key.clone()),
+                    None => {
+                        let duplicate = entries.iter().any(|entry| entry.key == key);
+                        if !duplicate && entries.len() >= 16 {
+                            let mut keys: HashSet<String> =
+                                entries.iter().map(|entry| entry.key.clone()).collect();
+                            keys.insert(key.clone());
+                            *seen = Some(keys);
+                        }
+                        duplicate
+                    }
+                };
+                if duplicate {
                     let message = format!("duplicate mapping key `{key}`");
                     *pending_key = Some((key, Some(position)));
                     self.error(message, position);
@@ -1008,6 +1029,10 @@ mod tests {
         let error = first_error("a: 1\nb: 2\na: 3\n");
         assert!(error.message.contains("duplicate"), "{error:?}");
         assert_eq!((error.position.line, error.position.column), (3, 1));
+        // Large mappings switch to a set; duplicates are still found.
+        let mut large: String = (0..40).map(|i| format!("k{i}: {i}\n")).collect();
+        large.push_str("k3: again\n");
+        assert_eq!(first_error(&large).position.line, 41);
         // `1` and `1.0` become the same JSON key.
         assert!(Document::parse("1: a\n1.0: b\n").is_err());
     }
@@ -1027,6 +1052,13 @@ mod tests {
         assert_eq!(root.get("a").unwrap().as_str(), Some("3"));
         assert_eq!(root.get("b").unwrap().as_str(), Some("4"));
         assert_eq!(root.get("c").unwrap().as_number(), Some(Number::Int(5)));
+    }
+
+    #[test]
+    fn tagged_empty_scalars_start_at_their_tag() {
+        let doc = parse("a: !!str\nb: 1\n");
+        assert_eq!(doc.root().unwrap().get("a").unwrap().as_str(), Some(""));
+        assert_eq!(doc.resolve("/a").map(|p| (p.line, p.column)), Some((1, 4)));
     }
 
     #[test]

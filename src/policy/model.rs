@@ -1,6 +1,8 @@
 //! The compiled model (policy-core §2.5) and how it is read off a document
 //! that satisfied the schema.
 
+use std::collections::{HashMap, HashSet};
+
 use crate::access::{Grant, Limits, Ruleset};
 use crate::accounts::{Account, AccountRef, SecretRef};
 use crate::capabilities::{Capability, ToolIndex, ToolMapping, Transport, Upstream};
@@ -58,6 +60,17 @@ pub(crate) struct Declared {
     pub accounts: Vec<Account>,
     pub issuers: Vec<Issuer>,
     pub grants: Vec<RawGrant>,
+    /// Look-up sets for the semantic checks, built once so that checking is
+    /// linear in the artifact's size.
+    names: Names,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Names {
+    capabilities: HashSet<String>,
+    accounts: HashSet<String>,
+    realized: HashSet<String>,
+    used_accounts: HashSet<String>,
 }
 
 fn text(node: Option<NodeRef<'_>>) -> String {
@@ -193,13 +206,39 @@ impl Declared {
             })
             .collect();
 
-        Declared {
+        let mut declared = Declared {
             capabilities,
             upstreams,
             accounts,
             issuers,
             grants,
-        }
+            names: Names::default(),
+        };
+        declared.names = Names {
+            capabilities: declared.capabilities.iter().map(|c| c.id.clone()).collect(),
+            accounts: declared.accounts.iter().map(|a| a.id.clone()).collect(),
+            realized: declared.mappings().map(|m| m.capability.clone()).collect(),
+            used_accounts: declared.grants.iter().map(|g| g.using.clone()).collect(),
+        };
+        declared
+    }
+
+    pub fn declares_capability(&self, id: &str) -> bool {
+        self.names.capabilities.contains(id)
+    }
+
+    pub fn declares_account(&self, id: &str) -> bool {
+        self.names.accounts.contains(id)
+    }
+
+    /// Some tool mapping (of any upstream) points to the capability.
+    pub fn realizes(&self, capability: &str) -> bool {
+        self.names.realized.contains(capability)
+    }
+
+    /// Some grant runs as the account.
+    pub fn uses_account(&self, id: &str) -> bool {
+        self.names.used_accounts.contains(id)
     }
 
     pub fn mappings(&self) -> impl Iterator<Item = &ToolMapping> {
@@ -211,35 +250,33 @@ impl Declared {
         mut self,
         version: String,
         tools: ToolIndex,
-        realized_by_catalog: Option<&[String]>,
+        realized_by_catalog: Option<&HashSet<String>>,
     ) -> CompiledPolicy {
         for capability in &mut self.capabilities {
             capability.realized = match realized_by_catalog {
                 Some(covered) => covered.contains(&capability.id),
-                None => self
-                    .upstreams
-                    .iter()
-                    .flat_map(|u| &u.tools)
-                    .any(|t| t.capability == capability.id),
+                None => self.names.realized.contains(&capability.id),
             };
         }
+        // The last declaration wins, as for every look-up.
+        let accounts: HashMap<&str, &Account> = self
+            .accounts
+            .iter()
+            .map(|account| (account.id.as_str(), account))
+            .collect();
         let account_ref = |id: &str| {
-            // The last declaration wins, as for every look-up; an unresolved id
-            // is projected as disabled (unreachable after a clean compile).
-            self.accounts
-                .iter()
-                .rev()
-                .find(|account| account.id == id)
-                .map_or(
-                    AccountRef {
-                        id: id.to_owned(),
-                        disabled: true,
-                    },
-                    |account| AccountRef {
-                        id: account.id.clone(),
-                        disabled: account.disabled,
-                    },
-                )
+            // An unresolved id is projected as disabled (unreachable after a
+            // clean compile).
+            accounts.get(id).map_or(
+                AccountRef {
+                    id: id.to_owned(),
+                    disabled: true,
+                },
+                |account| AccountRef {
+                    id: account.id.clone(),
+                    disabled: account.disabled,
+                },
+            )
         };
         let grants = self
             .grants

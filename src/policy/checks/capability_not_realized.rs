@@ -7,7 +7,7 @@ use crate::policy::Code;
 
 pub(super) fn check(findings: &mut Findings<'_>, declared: &Declared) {
     for capability in &declared.capabilities {
-        if !declared.mappings().any(|tool| tool.capability == capability.id) {
+        if !declared.realizes(&capability.id) {
             findings.warning(
                 Code::CapabilityNotRealized,
                 capability.path.clone(),

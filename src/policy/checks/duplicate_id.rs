@@ -1,6 +1,8 @@
 //! `duplicate_id` (error): a capability, upstream, account or issuer id
 //! declared twice. Reported at the later occurrence, related to the first.
 
+use std::collections::HashMap;
+
 use super::Findings;
 use crate::policy::Code;
 
@@ -9,16 +11,18 @@ pub(super) fn check<'a>(
     what: &str,
     entries: impl Iterator<Item = (&'a String, &'a String)>,
 ) {
-    let mut first_seen: Vec<(&String, &String)> = Vec::new();
+    let mut first_seen: HashMap<&String, &String> = HashMap::new();
     for (id, path) in entries {
-        match first_seen.iter().find(|(seen, _)| *seen == id) {
-            Some((_, first)) => findings.error(
+        match first_seen.get(id) {
+            Some(first) => findings.error(
                 Code::DuplicateId,
                 path.clone(),
                 format!("the {what} `{id}` is declared twice"),
                 &[(first.as_str(), "first declaration")],
             ),
-            None => first_seen.push((id, path)),
+            None => {
+                first_seen.insert(id, path);
+            }
         }
     }
 }

@@ -6,7 +6,7 @@ use crate::policy::model::{Declared, RawGrant};
 use crate::policy::Code;
 
 pub(super) fn check(findings: &mut Findings<'_>, declared: &Declared, grant: &RawGrant) {
-    if !declared.accounts.iter().any(|account| account.id == grant.using) {
+    if !declared.declares_account(&grant.using) {
         findings.error(
             Code::UnknownAccountInGrant,
             format!("{}/using", grant.path),

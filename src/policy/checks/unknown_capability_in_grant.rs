@@ -7,7 +7,7 @@ use crate::policy::Code;
 
 pub(super) fn check(findings: &mut Findings<'_>, declared: &Declared, grant: &RawGrant) {
     for (index, capability) in grant.capabilities.iter().enumerate() {
-        if !declared.capabilities.iter().any(|c| &c.id == capability) {
+        if !declared.declares_capability(capability) {
             findings.error(
                 Code::UnknownCapabilityInGrant,
                 format!("{}/capabilities/{index}", grant.path),

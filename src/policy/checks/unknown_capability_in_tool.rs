@@ -7,7 +7,7 @@ use crate::policy::model::Declared;
 use crate::policy::Code;
 
 pub(super) fn check(findings: &mut Findings<'_>, declared: &Declared, tool: &ToolMapping) {
-    if !declared.capabilities.iter().any(|c| c.id == tool.capability) {
+    if !declared.declares_capability(&tool.capability) {
         findings.error(
             Code::UnknownCapabilityInTool,
             format!("{}/capability", tool.path),

@@ -6,7 +6,7 @@ use crate::policy::Code;
 
 pub(super) fn check(findings: &mut Findings<'_>, declared: &Declared) {
     for account in &declared.accounts {
-        if !declared.grants.iter().any(|grant| grant.using == account.id) {
+        if !declared.uses_account(&account.id) {
             findings.warning(
                 Code::UnusedAccount,
                 account.path.clone(),
