@@ -6,3 +6,7 @@
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 
 pub mod cli;
+#[cfg(feature = "server")]
+pub mod server;
+#[cfg(feature = "server")]
+pub mod store;

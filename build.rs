@@ -1,0 +1,42 @@
+//! Generates the gRPC code from `proto/` when the `server` feature is on.
+//!
+//! The protobuf compiler is `protox`, written in Rust: a fresh machine needs no
+//! `protoc` binary and downloads nothing outside the package registries. The
+//! encoded descriptor set is written next to the generated code so the server
+//! can offer reflection (`grpcurl` without the proto files).
+
+fn main() {
+    println!("cargo:rerun-if-changed=proto");
+    println!("cargo:rerun-if-changed=migrations");
+    if std::env::var_os("CARGO_FEATURE_SERVER").is_none() {
+        return;
+    }
+    #[cfg(feature = "server")]
+    generate();
+}
+
+#[cfg(feature = "server")]
+fn generate() {
+    use protox::prost::Message;
+
+    let protos = [
+        "proto/capgate/v1/common.proto",
+        "proto/capgate/v1/decisions.proto",
+        "proto/capgate/v1/policies.proto",
+    ];
+    let descriptors = match protox::compile(protos, ["proto"]) {
+        Ok(descriptors) => descriptors,
+        Err(error) => panic!("proto/ does not compile: {error:?}"),
+    };
+    let out_dir = std::path::PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    std::fs::write(
+        out_dir.join("capgate_descriptor.bin"),
+        descriptors.encode_to_vec(),
+    )
+    .expect("write the descriptor set");
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(descriptors)
+        .expect("generate gRPC code");
+}

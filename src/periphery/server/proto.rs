@@ -1,0 +1,8 @@
+//! The generated gRPC types and services of `proto/capgate/v1/`.
+
+#![allow(clippy::all, clippy::pedantic, missing_docs)]
+
+tonic::include_proto!("capgate.v1");
+
+/// The encoded descriptor set, for server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/capgate_descriptor.bin"));
