@@ -11,9 +11,8 @@
 fn main() {
     println!("cargo:rerun-if-changed=proto");
     println!("cargo:rerun-if-changed=migrations");
-    if std::env::var_os("CARGO_FEATURE_SERVER").is_none() {
-        return;
-    }
+    // Features reach the build script as `cfg`s: without `server` there is
+    // nothing to generate.
     #[cfg(feature = "server")]
     generate();
 }
@@ -37,7 +36,10 @@ fn generate() {
         descriptors.encode_to_vec(),
     )
     .expect("write the descriptor set");
+    // Maps as BTreeMap: a remembered response is re-sent byte for byte, and
+    // ordered maps make encoding the same response give the same bytes.
     tonic_prost_build::configure()
+        .btree_map(".")
         .build_client(true)
         .build_server(true)
         .compile_fds(descriptors)

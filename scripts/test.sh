@@ -63,11 +63,14 @@ ensure_component() {
         || die "\`cargo $subcommand\` is missing and \`rustup component add $component\` failed (it needs network access)"
 }
 
-# PostgreSQL on 127.0.0.1:5432, for the store tests (nothing uses it yet). Starts Debian's packaged
+# PostgreSQL on 127.0.0.1:5432, for the store tests (tests/store.rs). Starts Debian's packaged
 # cluster when it is not answering, installs the package first when it is missing, and exports
-# DATABASE_URL. A server that is already running is used as it is.
+# DATABASE_URL. A server that is already running is used as it is. CAPGATE_REQUIRE_POSTGRES=1 turns
+# the PostgreSQL variants' "skipped: no DATABASE_URL" into a failure, so this run cannot pass on
+# SQLite alone.
 ensure_postgres() {
     export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+    export CAPGATE_REQUIRE_POSTGRES=1
     if command -v pg_isready >/dev/null 2>&1 && pg_isready -q -h 127.0.0.1 -p 5432; then
         return
     fi

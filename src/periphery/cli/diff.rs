@@ -133,7 +133,7 @@ fn change_json(change: &Change) -> Value {
     })
 }
 
-fn human(changes: &[Change]) -> String {
+pub(super) fn human(changes: &[Change]) -> String {
     let mut out = String::new();
     if changes.is_empty() {
         let _ = writeln!(out, "no decision changes between the two versions");

@@ -1,7 +1,9 @@
 //! The `capgate` command line: the dry-run commands of `spec/cli.md`
-//! (`validate`, `explain`, `visible`, `who-can`, `diff`, `schema`). One file
-//! per subcommand; `json` converts core types for `--json`, `render` writes
-//! the human reports.
+//! (`validate`, `explain`, `visible`, `who-can`, `diff`, `schema`) and, with
+//! the `server` feature, the service commands of `spec/service.md` (`serve`,
+//! `migrate`, `publish`, `policies`, `audit`). One file per subcommand;
+//! `json` converts core types for `--json`, `render` writes the human
+//! reports, `remote` holds what the service commands share.
 //!
 //! [`run`] is the whole program but for the process edge: it takes the
 //! arguments and standard input and returns what to print and the exit code,
@@ -11,13 +13,25 @@
 //! could not be used.
 
 mod args;
+#[cfg(feature = "server")]
+mod audit;
 mod diff;
 mod explain;
 mod input;
 mod instant;
 mod json;
+#[cfg(feature = "server")]
+mod migrate;
+#[cfg(feature = "server")]
+mod policies;
+#[cfg(feature = "server")]
+mod publish;
+#[cfg(feature = "server")]
+mod remote;
 mod render;
 mod schema;
+#[cfg(feature = "server")]
+mod serve;
 mod validate;
 mod visible;
 mod who_can;
@@ -29,6 +43,11 @@ use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};
 
 use input::Inputs;
+
+#[cfg(feature = "server")]
+pub(crate) use instant::now as now_ms;
+#[cfg(feature = "server")]
+pub(crate) use json::plain as plain_json;
 
 /// capgate: which tools an AI agent may see and call, as which account, under
 /// which ceiling — and why. These commands answer from the policy file alone.
@@ -59,6 +78,21 @@ enum Command {
     Diff(diff::Args),
     /// Print the policy artifact's JSON Schema.
     Schema(schema::Args),
+    /// Run the gRPC decision service.
+    #[cfg(feature = "server")]
+    Serve(Box<serve::Args>),
+    /// Apply the store's schema.
+    #[cfg(feature = "server")]
+    Migrate(migrate::Args),
+    /// Publish a policy version to a server.
+    #[cfg(feature = "server")]
+    Publish(publish::Args),
+    /// List stored policy versions, or activate one (rollback).
+    #[cfg(feature = "server")]
+    Policies(policies::Args),
+    /// Query the audit trail in the store.
+    #[cfg(feature = "server")]
+    Audit(audit::Args),
 }
 
 /// How the process ends (cli.md, "Exit codes").
@@ -133,6 +167,16 @@ where
         Command::WhoCan(args) => who_can::run(args, &mut inputs),
         Command::Diff(args) => diff::run(args, &mut inputs),
         Command::Schema(args) => Ok(schema::run(args)),
+        #[cfg(feature = "server")]
+        Command::Serve(args) => serve::run(args, &mut inputs),
+        #[cfg(feature = "server")]
+        Command::Migrate(args) => migrate::run(args),
+        #[cfg(feature = "server")]
+        Command::Publish(args) => publish::run(args, &mut inputs),
+        #[cfg(feature = "server")]
+        Command::Policies(args) => policies::run(args),
+        #[cfg(feature = "server")]
+        Command::Audit(args) => audit::run(args),
     };
     result.unwrap_or_else(|failure| match failure {
         Failure::Usage(message) => Outcome {

@@ -5,13 +5,26 @@
 //! edge box). Nothing else holds state (service.md §1).
 //!
 //! The server is generic over `Store` and monomorphised at start-up for the
-//! URL's scheme; the same behavioural suite (`tests/store.rs`) runs against
-//! both implementations.
+//! URL's scheme ([`connect`] returns an [`AnyStore`] to match on); the same
+//! behavioural suite (`tests/store.rs`) runs against both implementations.
+//!
+//! Changes to this port since the server started coding against it:
+//! * `Remembered` carries `at_ms`, the decision time, so retention can be
+//!   judged by the caller and old entries pruned by time.
+//! * `policy_changed` keeps its signature; its contract is now precise (see
+//!   the method): one subscription per store value, shared by clones, and a
+//!   (re)subscription resolves at once.
+//! * Added: [`connect`], [`StoreOptions`], [`AnyStore`], [`redact`].
 
 use std::future::Future;
+use std::time::Duration;
 
 pub mod postgres;
+mod sql;
 pub mod sqlite;
+
+pub use postgres::PostgresStore;
+pub use sqlite::SqliteStore;
 
 /// Why a store operation failed. Messages never contain secret material
 /// (database URLs are redacted before they reach an error).
@@ -30,7 +43,8 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// A stored policy version (service.md §2).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredPolicy {
-    /// Monotonic, assigned by the store, starting at 1.
+    /// Monotonic, assigned by the store, starting at 1. PostgreSQL may skip
+    /// a number when a publishing transaction fails after taking it.
     pub revision: u64,
     /// `sha256:<hex>` of the artifact's bytes.
     pub version: String,
@@ -129,16 +143,20 @@ pub struct AuditRecord {
     pub policy_revision: Option<u64>,
 }
 
-/// What `capgate audit` asks for.
+/// What `capgate audit` asks for. Every field that is set must match.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct AuditFilter {
     pub principal_id: Option<String>,
     pub capability: Option<String>,
     pub outcome: Option<String>,
     pub code: Option<String>,
+    /// Records at or after this instant (inclusive).
     pub since_ms: Option<i64>,
+    /// Records before this instant (exclusive), so consecutive ranges do not
+    /// overlap.
     pub until_ms: Option<i64>,
-    /// Newest first, at most this many.
+    /// Newest first (by `at`, then by `decision_id`), at most this many; `0`
+    /// returns nothing.
     pub limit: u32,
 }
 
@@ -148,6 +166,9 @@ pub struct Remembered {
     pub decision_id: String,
     /// The encoded response returned the first time.
     pub response: Vec<u8>,
+    /// When it was decided (milliseconds since the Unix epoch): the caller
+    /// judges the retention window with it.
+    pub at_ms: i64,
 }
 
 /// The store port. Implementations are cheap to clone (a pool handle).
@@ -180,9 +201,16 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Newest first.
     fn list_policies(&self, limit: u32) -> impl Future<Output = StoreResult<Vec<StoredPolicy>>> + Send;
 
-    /// Resolves when another replica may have changed the active version
-    /// (PostgreSQL `LISTEN`); never resolves where the store has no
-    /// notifications (SQLite: a single replica). Callers also poll.
+    /// Resolves when another replica may have changed the active version;
+    /// the caller then reads [`Store::active_policy`]. Callers also poll.
+    ///
+    /// PostgreSQL: one `LISTEN` connection per store value, opened by the
+    /// first call and shared by clones, so one task should call this in a
+    /// loop. Notifications that arrive between calls are kept. The call that
+    /// opens (or reopens) the subscription resolves at once, since a change
+    /// may have been missed before it; a lost connection is an error (the
+    /// next call subscribes again). SQLite (a single replica, no
+    /// notifications): never resolves.
     fn policy_changed(&self) -> impl Future<Output = StoreResult<()>> + Send;
 
     // ── Usage counters ────────────────────────────────────────────────────
@@ -203,8 +231,11 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     // ── Audit and idempotency ─────────────────────────────────────────────
 
-    /// Appends records (and the responses to remember for their request ids)
-    /// in one transaction: durable when this returns `Ok`.
+    /// Appends records (and the responses to remember, as `(gateway,
+    /// request_id, response)`) in one transaction: durable when this returns
+    /// `Ok`. A record whose `decision_id` is already stored, or a response
+    /// whose `(gateway, request_id)` is, is skipped: replays are harmless and
+    /// the first response wins.
     fn append_audit(
         &self,
         records: &[AuditRecord],
@@ -220,4 +251,153 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     fn query_audit(&self, filter: &AuditFilter)
         -> impl Future<Output = StoreResult<Vec<AuditRecord>>> + Send;
+}
+
+/// How to open a store; [`StoreOptions::default`] suits a small box.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// Connections in the pool; `None` picks the dialect's default
+    /// (PostgreSQL 8, SQLite 4). PostgreSQL also opens one more, for
+    /// notifications, when the server subscribes.
+    pub max_connections: Option<u32>,
+    /// How long an operation waits for a free connection.
+    pub acquire_timeout: Duration,
+    /// A server-side bound on any one statement (PostgreSQL only), so that
+    /// work a caller gave up on does not run on. A safety net, not the
+    /// request deadline: the server enforces `--store-timeout` itself.
+    /// Migrations are not bound by it.
+    pub statement_timeout: Option<Duration>,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            max_connections: None,
+            acquire_timeout: Duration::from_secs(5),
+            statement_timeout: Some(Duration::from_secs(30)),
+        }
+    }
+}
+
+/// A store opened from a URL; the server matches on it once and runs
+/// monomorphised over the implementation.
+#[derive(Clone)]
+pub enum AnyStore {
+    Postgres(PostgresStore),
+    Sqlite(SqliteStore),
+}
+
+/// Opens the store a `--database-url` names: `postgres://…` (or
+/// `postgresql://…`) or `sqlite://path` (the file is created when missing,
+/// unless the URL sets `mode`). Connects at once, so a wrong URL fails at
+/// start-up; does not migrate. Errors show the URL with its password
+/// redacted.
+pub async fn connect(url: &str, options: &StoreOptions) -> StoreResult<AnyStore> {
+    let opened = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        PostgresStore::connect(url, options).await.map(AnyStore::Postgres)
+    } else if url.starts_with("sqlite:") {
+        SqliteStore::connect(url, options).await.map(AnyStore::Sqlite)
+    } else {
+        return Err(StoreError::Database(format!(
+            "unsupported database URL `{}`: expected `postgres://…` or `sqlite://…`",
+            redact(url)
+        )));
+    };
+    opened.map_err(|error| {
+        let cause = match error {
+            StoreError::Database(cause) => cause,
+            StoreError::Timeout(_) => error.to_string(),
+        };
+        StoreError::Database(format!("cannot open `{}`: {cause}", redact(url)))
+    })
+}
+
+/// `url` with its password hidden, fit for messages and logs: the userinfo's
+/// password and the `password`/`sslpassword` query parameters become `***`.
+///
+/// Conservative by design, because a URL that fails to parse is exactly the
+/// one that ends up in an error message: everything between the first `:`
+/// after `scheme://` and the *last* `@` is treated as a password, even when
+/// it holds unescaped `/`, `?` or `@`.
+pub fn redact(url: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(end) => url.split_at(end + 3),
+        None => ("", url),
+    };
+    let mut hidden = String::with_capacity(url.len());
+    hidden.push_str(scheme);
+    match rest.rfind('@') {
+        Some(at) if !scheme.is_empty() => {
+            let (userinfo, location) = (&rest[..at], &rest[at..]);
+            match userinfo.split_once(':') {
+                Some((user, _password)) => {
+                    hidden.push_str(user);
+                    hidden.push_str(":***");
+                }
+                None => hidden.push_str(userinfo),
+            }
+            hidden.push_str(location);
+        }
+        _ => hidden.push_str(rest),
+    }
+    // The query is searched for in what is left, so a `?` that was part of a
+    // hidden password cannot start it, and one in an odd userinfo still does.
+    let Some((before, query)) = hidden.split_once('?') else {
+        return hidden;
+    };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _value))
+                if key.eq_ignore_ascii_case("password") || key.eq_ignore_ascii_case("sslpassword") =>
+            {
+                format!("{key}=***")
+            }
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{before}?{}", pairs.join("&"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[track_caller]
+    fn check(url: &str, expected: &str) {
+        assert_eq!(redact(url), expected);
+    }
+
+    #[test]
+    fn redact_hides_passwords_and_keeps_the_rest() {
+        check(
+            "postgres://capgate:s3cret@db:5432/capgate",
+            "postgres://capgate:***@db:5432/capgate",
+        );
+        check("postgres://capgate@db/capgate", "postgres://capgate@db/capgate");
+        check("postgres://db/capgate", "postgres://db/capgate");
+        check("postgres://:s3cret@db/x", "postgres://:***@db/x");
+        check(
+            "postgres://u@db/x?sslmode=require&password=s3cret&application_name=a",
+            "postgres://u@db/x?sslmode=require&password=***&application_name=a",
+        );
+        check("postgres://db/x?PASSWORD=s3cret", "postgres://db/x?PASSWORD=***");
+        check(
+            "postgres://db/x?sslpassword=s3cret",
+            "postgres://db/x?sslpassword=***",
+        );
+        check("sqlite://capgate.db", "sqlite://capgate.db");
+        check("sqlite:capgate.db?mode=rwc", "sqlite:capgate.db?mode=rwc");
+    }
+
+    #[test]
+    fn redact_hides_unescaped_reserved_characters_in_a_password() {
+        check("postgres://u:p@ss@db/x", "postgres://u:***@db/x");
+        check("postgres://u:pa/ss@db/x", "postgres://u:***@db/x");
+        check("postgres://u:pa?ss@db/x", "postgres://u:***@db/x");
+        check(
+            "postgres://db/x?password=s3cret&application_name=a@b",
+            "postgres://db/x?password=***&application_name=a@b",
+        );
+    }
 }

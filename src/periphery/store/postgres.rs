@@ -1,1 +1,548 @@
-//! The PostgreSQL store.
+//! The PostgreSQL store: production, and every deployment with more than one
+//! replica (service.md §1).
+//!
+//! Replicas share nothing but this database, so every rule that must hold
+//! across them is enforced here, by the database: the active pointer is one
+//! row that every change locks (`SELECT … FOR UPDATE`), a counter is consumed
+//! by one conditional upsert, and replicas learn of a new active version
+//! through `NOTIFY capgate_policy`, sent inside the transaction that changed
+//! it (so it is delivered exactly when the change commits).
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::{Connection, Executor, PgConnection, Postgres};
+use tokio::sync::Mutex;
+
+use super::sql::{
+    self, ActivatePlan, AuditIntegers, AuditRow, CountedRow, PolicyRow, PublishPlan, RememberedRow,
+};
+use super::{
+    ActivateOutcome, AuditFilter, AuditRecord, Consumed, Counted, CounterKey, ExpectedRevision, NewPolicy,
+    PublishOutcome, Remembered, Store, StoreError, StoreOptions, StoreResult, StoredPolicy,
+};
+
+static MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
+
+/// The channel replicas listen on; the payload is the new active revision.
+pub const POLICY_CHANNEL: &str = "capgate_policy";
+
+/// Enough for a 2-core box: decisions hold a connection for one short
+/// statement at a time, and audit writes are batched by the server.
+const DEFAULT_MAX_CONNECTIONS: u32 = 8;
+
+/// A pool on one PostgreSQL database, and the notification subscription its
+/// clones share.
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    /// The options without the pool's per-connection settings: migrations run
+    /// on a connection of their own, free of `statement_timeout`.
+    options: Arc<PgConnectOptions>,
+    subscription: Arc<Mutex<Subscription>>,
+}
+
+/// The `LISTEN` side: a pool of one connection, opened only when the server
+/// first asks, and the listener on it (`None` before that and after a loss).
+struct Subscription {
+    pool: PgPool,
+    listener: Option<PgListener>,
+}
+
+impl PostgresStore {
+    /// Opens a pool on `url` (`postgres://…`). Errors may quote sqlx's
+    /// message but never the URL; [`super::connect`] adds the redacted URL.
+    pub async fn connect(url: &str, options: &StoreOptions) -> StoreResult<Self> {
+        let connect_options = PgConnectOptions::from_str(url)?;
+        Self::connect_with(connect_options, options).await
+    }
+
+    /// Opens a pool with explicit connection options (the tests use this to
+    /// point at a fresh database).
+    pub async fn connect_with(
+        connect_options: PgConnectOptions,
+        options: &StoreOptions,
+    ) -> StoreResult<Self> {
+        // One plain connection first: a wrong host, database or password
+        // then fails at once with its cause, where the pool would retry
+        // until `acquire_timeout` and report only that it timed out.
+        PgConnection::connect_with(&connect_options)
+            .await?
+            .close()
+            .await?;
+        let statement_timeout = options
+            .statement_timeout
+            .map(|timeout| timeout.as_millis().to_string());
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS))
+            .acquire_timeout(options.acquire_timeout)
+            .after_connect(move |connection, _metadata| {
+                let statement_timeout = statement_timeout.clone();
+                Box::pin(async move {
+                    // `set_config` rather than a startup parameter, which
+                    // connection poolers such as PgBouncer may refuse.
+                    if let Some(milliseconds) = statement_timeout {
+                        sqlx::query("SELECT set_config('statement_timeout', $1, false)")
+                            .bind(milliseconds)
+                            .execute(connection)
+                            .await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_lazy_with(connect_options.clone());
+        // A notification connection idles for as long as the server runs, so
+        // it neither expires nor is reaped.
+        let listen_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(options.acquire_timeout)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_lazy_with(connect_options.clone());
+        Ok(PostgresStore {
+            pool,
+            options: Arc::new(connect_options),
+            subscription: Arc::new(Mutex::new(Subscription {
+                pool: listen_pool,
+                listener: None,
+            })),
+        })
+    }
+
+    async fn policy_in(
+        executor: impl Executor<'_, Database = Postgres>,
+        revision: i64,
+    ) -> StoreResult<Option<StoredPolicy>> {
+        sqlx::query_as::<_, PolicyRow>(
+            "SELECT revision, version, artifact, catalog, author, comment, created_at \
+             FROM policy_versions WHERE revision = $1",
+        )
+        .bind(revision)
+        .fetch_optional(executor)
+        .await?
+        .map(PolicyRow::into_policy)
+        .transpose()
+    }
+}
+
+/// Tells every listening replica, once the surrounding transaction commits.
+async fn notify(connection: &mut PgConnection, revision: u64) -> StoreResult<()> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(POLICY_CHANNEL)
+        .bind(revision.to_string())
+        .execute(connection)
+        .await?;
+    Ok(())
+}
+
+/// Locks the active pointer until the transaction ends; every change of the
+/// active version takes this lock first, so changes are serialised across
+/// replicas and a compare-and-set sees the latest committed state.
+async fn lock_active(connection: &mut PgConnection) -> StoreResult<Option<i64>> {
+    Ok(
+        sqlx::query_scalar("SELECT revision FROM active_policy FOR UPDATE")
+            .fetch_one(connection)
+            .await?,
+    )
+}
+
+impl Store for PostgresStore {
+    async fn migrate(&self) -> StoreResult<()> {
+        // A pool of one, on the options without `statement_timeout`: a
+        // migration may legitimately run long. The migrator takes an advisory
+        // lock, so replicas starting together apply each migration once.
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with((*self.options).clone())
+            .await?;
+        let migrated = MIGRATOR.run(&pool).await;
+        pool.close().await;
+        Ok(migrated?)
+    }
+
+    async fn active_policy(&self) -> StoreResult<Option<StoredPolicy>> {
+        sqlx::query_as::<_, PolicyRow>(
+            "SELECT p.revision, p.version, p.artifact, p.catalog, p.author, p.comment, p.created_at \
+             FROM active_policy a JOIN policy_versions p ON p.revision = a.revision",
+        )
+        .fetch_optional(&self.pool)
+        .await?
+        .map(PolicyRow::into_policy)
+        .transpose()
+    }
+
+    async fn publish(&self, new: NewPolicy, expected: ExpectedRevision) -> StoreResult<PublishOutcome> {
+        let mut tx = self.pool.begin().await?;
+        let active = match lock_active(&mut tx).await? {
+            Some(revision) => Self::policy_in(&mut *tx, revision).await?,
+            None => None,
+        };
+        match sql::plan_publish(active, &new, expected) {
+            PublishPlan::Unchanged(active) => {
+                tx.rollback().await?;
+                Ok(PublishOutcome::Unchanged(active))
+            }
+            PublishPlan::Conflict { active } => {
+                tx.rollback().await?;
+                Ok(PublishOutcome::Conflict { active })
+            }
+            PublishPlan::Insert => {
+                let NewPolicy {
+                    version,
+                    artifact,
+                    catalog,
+                    author,
+                    comment,
+                    created_at_ms,
+                } = new;
+                let stored = sqlx::query_as::<_, PolicyRow>(
+                    "INSERT INTO policy_versions (version, artifact, catalog, author, comment, created_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6) \
+                     RETURNING revision, version, artifact, catalog, author, comment, created_at",
+                )
+                .bind(version)
+                .bind(artifact)
+                .bind(catalog)
+                .bind(author)
+                .bind(comment)
+                .bind(created_at_ms)
+                .fetch_one(&mut *tx)
+                .await?
+                .into_policy()?;
+                sqlx::query("UPDATE active_policy SET revision = $1")
+                    .bind(sql::to_bigint(stored.revision, "revision")?)
+                    .execute(&mut *tx)
+                    .await?;
+                notify(&mut tx, stored.revision).await?;
+                tx.commit().await?;
+                Ok(PublishOutcome::Activated(stored))
+            }
+        }
+    }
+
+    async fn activate(&self, revision: u64, expected: ExpectedRevision) -> StoreResult<ActivateOutcome> {
+        let mut tx = self.pool.begin().await?;
+        let active = lock_active(&mut tx).await?.map(sql::to_revision).transpose()?;
+        let plan = sql::plan_activate(active, revision, expected);
+        if let ActivatePlan::Conflict { active } = plan {
+            tx.rollback().await?;
+            return Ok(ActivateOutcome::Conflict { active });
+        }
+        let target = match i64::try_from(revision) {
+            Ok(revision) => Self::policy_in(&mut *tx, revision).await?,
+            Err(_) => None,
+        };
+        let Some(policy) = target else {
+            tx.rollback().await?;
+            return Ok(ActivateOutcome::NotFound);
+        };
+        if let ActivatePlan::Switch = plan {
+            sqlx::query("UPDATE active_policy SET revision = $1")
+                .bind(sql::to_bigint(policy.revision, "revision")?)
+                .execute(&mut *tx)
+                .await?;
+            notify(&mut tx, policy.revision).await?;
+        }
+        tx.commit().await?;
+        Ok(ActivateOutcome::Activated(policy))
+    }
+
+    async fn policy(&self, revision: u64) -> StoreResult<Option<StoredPolicy>> {
+        match i64::try_from(revision) {
+            Ok(revision) => Self::policy_in(&self.pool, revision).await,
+            Err(_) => Ok(None),
+        }
+    }
+
+    async fn list_policies(&self, limit: u32) -> StoreResult<Vec<StoredPolicy>> {
+        sqlx::query_as::<_, PolicyRow>(
+            "SELECT revision, version, artifact, catalog, author, comment, created_at \
+             FROM policy_versions ORDER BY revision DESC LIMIT $1",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .map(PolicyRow::into_policy)
+        .collect()
+    }
+
+    async fn policy_changed(&self) -> StoreResult<()> {
+        let mut subscription = self.subscription.lock().await;
+        let Subscription { pool, listener } = &mut *subscription;
+        let Some(active) = listener else {
+            let mut fresh = PgListener::connect_with(pool).await?;
+            // Reconnecting quietly would lose what was sent in between;
+            // reporting the loss lets the server read the active version
+            // again, and the next call subscribes again.
+            fresh.eager_reconnect(false);
+            fresh.listen(POLICY_CHANNEL).await?;
+            *listener = Some(fresh);
+            // Anything may have changed before the subscription existed.
+            return Ok(());
+        };
+        match active.try_recv().await {
+            Ok(Some(_notification)) => Ok(()),
+            Ok(None) => {
+                *listener = None;
+                Err(StoreError::Database(
+                    "the notification connection was lost; changes may have been missed".to_owned(),
+                ))
+            }
+            Err(error) => {
+                *listener = None;
+                Err(error.into())
+            }
+        }
+    }
+
+    async fn read_usage(&self, key: CounterKey<'_>) -> StoreResult<Option<Counted>> {
+        sqlx::query_as::<_, CountedRow>(
+            "SELECT calls, window_start FROM usage_counters WHERE principal_id = $1 AND capability = $2",
+        )
+        .bind(key.principal_id)
+        .bind(key.capability)
+        .fetch_optional(&self.pool)
+        .await?
+        .map(CountedRow::into_counted)
+        .transpose()
+    }
+
+    async fn consume(
+        &self,
+        key: CounterKey<'_>,
+        at_ms: i64,
+        window_ms: u64,
+        limit: u64,
+    ) -> StoreResult<Consumed> {
+        // A first call opens a window with one call in it, which a ceiling of
+        // zero does not allow.
+        if limit == 0 {
+            return Ok(Consumed::Refused);
+        }
+        // INVARIANT: one statement. The row lock the upsert takes makes
+        // concurrent consumers of one key queue; each re-evaluates `WHERE`
+        // against the row as the one before it left it, so the calls in one
+        // window never exceed `limit`, across replicas. In `SET`, `c.` names
+        // the row before the update in both expressions.
+        let counted = sqlx::query_as::<_, CountedRow>(
+            "INSERT INTO usage_counters AS c (principal_id, capability, window_start, calls) \
+             VALUES ($1, $2, $3, 1) \
+             ON CONFLICT (principal_id, capability) DO UPDATE SET \
+                 window_start = CASE WHEN c.window_start <= $4 THEN EXCLUDED.window_start \
+                                     ELSE c.window_start END, \
+                 calls = CASE WHEN c.window_start <= $4 THEN 1 ELSE c.calls + 1 END \
+             WHERE c.window_start <= $4 OR c.calls < $5 \
+             RETURNING calls, window_start",
+        )
+        .bind(key.principal_id)
+        .bind(key.capability)
+        .bind(at_ms)
+        .bind(sql::expired_at_or_before(at_ms, window_ms))
+        .bind(sql::saturating_bigint(limit))
+        .fetch_optional(&self.pool)
+        .await?;
+        match counted {
+            Some(row) => Ok(Consumed::Taken(row.into_counted()?)),
+            None => Ok(Consumed::Refused),
+        }
+    }
+
+    async fn append_audit(
+        &self,
+        records: &[AuditRecord],
+        remembered: &[(String, String, Remembered)],
+    ) -> StoreResult<()> {
+        if records.is_empty() && remembered.is_empty() {
+            return Ok(());
+        }
+        let columns = AuditColumns::of(records)?;
+        let mut tx = self.pool.begin().await?;
+        // One statement per table, whatever the batch size: the rows travel
+        // as one array per column, which keeps the statement text (and its
+        // prepared plan) the same for every batch. Without a conflict target,
+        // so that the statement survives the primary key growing `at` when
+        // the table is partitioned by time.
+        if !records.is_empty() {
+            sqlx::query(
+                "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
+                     principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
+                     usage_calls, policy_version, policy_revision) \
+                 SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], \
+                     $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], \
+                     $12::text[], $13::text[], $14::text[], $15::bigint[], $16::text[], $17::bigint[], \
+                     $18::text[], $19::bigint[]) \
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(columns.decision_id)
+            .bind(columns.at)
+            .bind(columns.request_id)
+            .bind(columns.gateway)
+            .bind(columns.kind)
+            .bind(columns.outcome)
+            .bind(columns.code)
+            .bind(columns.path)
+            .bind(columns.principal_id)
+            .bind(columns.issuer)
+            .bind(columns.subject)
+            .bind(columns.capability)
+            .bind(columns.tool)
+            .bind(columns.account_id)
+            .bind(columns.limit_calls)
+            .bind(columns.limit_per)
+            .bind(columns.usage_calls)
+            .bind(columns.policy_version)
+            .bind(columns.policy_revision)
+            .execute(&mut *tx)
+            .await?;
+        }
+        if !remembered.is_empty() {
+            let mut gateways = Vec::with_capacity(remembered.len());
+            let mut request_ids = Vec::with_capacity(remembered.len());
+            let mut decision_ids = Vec::with_capacity(remembered.len());
+            let mut responses = Vec::with_capacity(remembered.len());
+            let mut ats = Vec::with_capacity(remembered.len());
+            for (gateway, request_id, answer) in remembered {
+                gateways.push(gateway.clone());
+                request_ids.push(request_id.clone());
+                decision_ids.push(answer.decision_id.clone());
+                responses.push(answer.response.clone());
+                ats.push(answer.at_ms);
+            }
+            sqlx::query(
+                "INSERT INTO remembered_responses (gateway, request_id, decision_id, response, at) \
+                 SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[]) \
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(gateways)
+            .bind(request_ids)
+            .bind(decision_ids)
+            .bind(responses)
+            .bind(ats)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn remembered(&self, gateway: &str, request_id: &str) -> StoreResult<Option<Remembered>> {
+        Ok(sqlx::query_as::<_, RememberedRow>(
+            "SELECT decision_id, response, at FROM remembered_responses \
+             WHERE gateway = $1 AND request_id = $2",
+        )
+        .bind(gateway)
+        .bind(request_id)
+        .fetch_optional(&self.pool)
+        .await?
+        .map(RememberedRow::into_remembered))
+    }
+
+    async fn query_audit(&self, filter: &AuditFilter) -> StoreResult<Vec<AuditRecord>> {
+        sql::audit_query::<Postgres>(filter)
+            .build_query_as::<AuditRow>()
+            .fetch_all(&self.pool)
+            .await?
+            .into_iter()
+            .map(AuditRow::into_record)
+            .collect()
+    }
+}
+
+/// A batch of audit records turned into one array per column, for `UNNEST`.
+struct AuditColumns {
+    decision_id: Vec<String>,
+    at: Vec<i64>,
+    request_id: Vec<Option<String>>,
+    gateway: Vec<String>,
+    kind: Vec<String>,
+    outcome: Vec<String>,
+    code: Vec<Option<String>>,
+    path: Vec<Option<String>>,
+    principal_id: Vec<Option<String>>,
+    issuer: Vec<Option<String>>,
+    subject: Vec<Option<String>>,
+    capability: Vec<Option<String>>,
+    tool: Vec<Option<String>>,
+    account_id: Vec<Option<String>>,
+    limit_calls: Vec<Option<i64>>,
+    limit_per: Vec<Option<String>>,
+    usage_calls: Vec<Option<i64>>,
+    policy_version: Vec<Option<String>>,
+    policy_revision: Vec<Option<i64>>,
+}
+
+impl AuditColumns {
+    fn of(records: &[AuditRecord]) -> StoreResult<Self> {
+        let n = records.len();
+        let mut columns = AuditColumns {
+            decision_id: Vec::with_capacity(n),
+            at: Vec::with_capacity(n),
+            request_id: Vec::with_capacity(n),
+            gateway: Vec::with_capacity(n),
+            kind: Vec::with_capacity(n),
+            outcome: Vec::with_capacity(n),
+            code: Vec::with_capacity(n),
+            path: Vec::with_capacity(n),
+            principal_id: Vec::with_capacity(n),
+            issuer: Vec::with_capacity(n),
+            subject: Vec::with_capacity(n),
+            capability: Vec::with_capacity(n),
+            tool: Vec::with_capacity(n),
+            account_id: Vec::with_capacity(n),
+            limit_calls: Vec::with_capacity(n),
+            limit_per: Vec::with_capacity(n),
+            usage_calls: Vec::with_capacity(n),
+            policy_version: Vec::with_capacity(n),
+            policy_revision: Vec::with_capacity(n),
+        };
+        for record in records {
+            let integers = AuditIntegers::of(record)?;
+            // Destructured so that a new field of `AuditRecord` fails to
+            // compile here until it has a column.
+            let AuditRecord {
+                decision_id,
+                at_ms,
+                request_id,
+                gateway,
+                kind,
+                outcome,
+                code,
+                path,
+                principal_id,
+                issuer,
+                subject,
+                capability,
+                tool,
+                account_id,
+                limit_calls: _,
+                limit_per,
+                usage_calls: _,
+                policy_version,
+                policy_revision: _,
+            } = record;
+            columns.decision_id.push(decision_id.clone());
+            columns.at.push(*at_ms);
+            columns.request_id.push(request_id.clone());
+            columns.gateway.push(gateway.clone());
+            columns.kind.push(kind.clone());
+            columns.outcome.push(outcome.clone());
+            columns.code.push(code.clone());
+            columns.path.push(path.clone());
+            columns.principal_id.push(principal_id.clone());
+            columns.issuer.push(issuer.clone());
+            columns.subject.push(subject.clone());
+            columns.capability.push(capability.clone());
+            columns.tool.push(tool.clone());
+            columns.account_id.push(account_id.clone());
+            columns.limit_calls.push(integers.limit_calls);
+            columns.limit_per.push(limit_per.clone());
+            columns.usage_calls.push(integers.usage_calls);
+            columns.policy_version.push(policy_version.clone());
+            columns.policy_revision.push(integers.policy_revision);
+        }
+        Ok(columns)
+    }
+}

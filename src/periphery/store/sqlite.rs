@@ -1,1 +1,403 @@
-//! The SQLite store (the embedded default).
+//! The SQLite store: the embedded default for a single replica, a laptop, an
+//! edge box (service.md §1). Same tables and same behaviour as PostgreSQL.
+//!
+//! SQLite lets one writer in at a time. The database runs in WAL mode, so
+//! readers never wait for the writer, and every connection has a busy
+//! timeout, so a second writer waits for the first instead of failing.
+//! Transactions that read and then write start with `BEGIN IMMEDIATE`: they
+//! take the write lock first, so what they read cannot change before they
+//! write (a deferred transaction would fail with `SQLITE_BUSY` instead of
+//! waiting when its snapshot went stale).
+//!
+//! There is no notification channel: with one replica, the server knows of
+//! its own changes, and polls for anyone else's (`capgate publish` against
+//! the same file).
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::migrate::Migrator;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{Connection, Executor, Sqlite, SqliteConnection};
+
+use super::sql::{
+    self, ActivatePlan, AuditIntegers, AuditRow, CountedRow, PolicyRow, PublishPlan, RememberedRow,
+};
+use super::{
+    ActivateOutcome, AuditFilter, AuditRecord, Consumed, Counted, CounterKey, ExpectedRevision, NewPolicy,
+    PublishOutcome, Remembered, Store, StoreOptions, StoreResult, StoredPolicy,
+};
+
+static MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
+
+/// WAL mode lets readers run beside the one writer; more connections than
+/// this only queue on the write lock.
+const DEFAULT_MAX_CONNECTIONS: u32 = 4;
+
+/// How long a writer waits for the write lock before failing. Far above the
+/// server's store timeout, which gives up first; this only bounds the wait of
+/// work nobody is waiting for any more.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A pool on one SQLite database file.
+#[derive(Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens a pool on `url` (`sqlite://path`). The file is created when
+    /// missing, unless the URL chooses a `mode` itself (`?mode=ro`, …).
+    pub async fn connect(url: &str, options: &StoreOptions) -> StoreResult<Self> {
+        let mut connect_options = SqliteConnectOptions::from_str(url)?;
+        if !has_mode_parameter(url) {
+            connect_options = connect_options.create_if_missing(true);
+        }
+        Self::connect_with(connect_options, options).await
+    }
+
+    /// Opens a pool with explicit connection options; the journal mode, the
+    /// busy timeout and the durability level are set here whatever they say.
+    pub async fn connect_with(
+        connect_options: SqliteConnectOptions,
+        options: &StoreOptions,
+    ) -> StoreResult<Self> {
+        let connect_options = connect_options
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(BUSY_TIMEOUT)
+            // INVARIANT: no decision is returned before its audit record is
+            // durable (service.md §5). In WAL mode, `NORMAL` may lose the last
+            // commits on power loss; `FULL` syncs the log at every commit,
+            // which the server's group commit amortises.
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true);
+        // One plain connection first, which creates the file and switches it
+        // to WAL: a wrong path then fails at once with its cause, where the
+        // pool would retry until `acquire_timeout`.
+        SqliteConnection::connect_with(&connect_options)
+            .await?
+            .close()
+            .await?;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(options.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS))
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect_options)
+            .await?;
+        Ok(SqliteStore { pool })
+    }
+
+    async fn policy_in(
+        executor: impl Executor<'_, Database = Sqlite>,
+        revision: i64,
+    ) -> StoreResult<Option<StoredPolicy>> {
+        sqlx::query_as::<_, PolicyRow>(
+            "SELECT revision, version, artifact, catalog, author, comment, created_at \
+             FROM policy_versions WHERE revision = $1",
+        )
+        .bind(revision)
+        .fetch_optional(executor)
+        .await?
+        .map(PolicyRow::into_policy)
+        .transpose()
+    }
+}
+
+/// Whether the URL's query sets `mode` (SQLite's `ro`, `rw`, `rwc`, `memory`).
+fn has_mode_parameter(url: &str) -> bool {
+    url.split_once('?').is_some_and(|(_, query)| {
+        query
+            .split('&')
+            .any(|pair| pair == "mode" || pair.starts_with("mode="))
+    })
+}
+
+/// The active revision, read inside a `BEGIN IMMEDIATE` transaction (which
+/// already holds the write lock).
+async fn active_revision(connection: &mut SqliteConnection) -> StoreResult<Option<i64>> {
+    Ok(sqlx::query_scalar("SELECT revision FROM active_policy")
+        .fetch_one(connection)
+        .await?)
+}
+
+async fn point_active_at(connection: &mut SqliteConnection, revision: u64) -> StoreResult<()> {
+    sqlx::query("UPDATE active_policy SET revision = $1")
+        .bind(sql::to_bigint(revision, "revision")?)
+        .execute(connection)
+        .await?;
+    Ok(())
+}
+
+impl Store for SqliteStore {
+    async fn migrate(&self) -> StoreResult<()> {
+        Ok(MIGRATOR.run(&self.pool).await?)
+    }
+
+    async fn active_policy(&self) -> StoreResult<Option<StoredPolicy>> {
+        sqlx::query_as::<_, PolicyRow>(
+            "SELECT p.revision, p.version, p.artifact, p.catalog, p.author, p.comment, p.created_at \
+             FROM active_policy a JOIN policy_versions p ON p.revision = a.revision",
+        )
+        .fetch_optional(&self.pool)
+        .await?
+        .map(PolicyRow::into_policy)
+        .transpose()
+    }
+
+    async fn publish(&self, new: NewPolicy, expected: ExpectedRevision) -> StoreResult<PublishOutcome> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let active = match active_revision(&mut tx).await? {
+            Some(revision) => Self::policy_in(&mut *tx, revision).await?,
+            None => None,
+        };
+        match sql::plan_publish(active, &new, expected) {
+            PublishPlan::Unchanged(active) => {
+                tx.rollback().await?;
+                Ok(PublishOutcome::Unchanged(active))
+            }
+            PublishPlan::Conflict { active } => {
+                tx.rollback().await?;
+                Ok(PublishOutcome::Conflict { active })
+            }
+            PublishPlan::Insert => {
+                let NewPolicy {
+                    version,
+                    artifact,
+                    catalog,
+                    author,
+                    comment,
+                    created_at_ms,
+                } = new;
+                let stored = sqlx::query_as::<_, PolicyRow>(
+                    "INSERT INTO policy_versions (version, artifact, catalog, author, comment, created_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6) \
+                     RETURNING revision, version, artifact, catalog, author, comment, created_at",
+                )
+                .bind(version)
+                .bind(artifact)
+                .bind(catalog)
+                .bind(author)
+                .bind(comment)
+                .bind(created_at_ms)
+                .fetch_one(&mut *tx)
+                .await?
+                .into_policy()?;
+                point_active_at(&mut tx, stored.revision).await?;
+                tx.commit().await?;
+                Ok(PublishOutcome::Activated(stored))
+            }
+        }
+    }
+
+    async fn activate(&self, revision: u64, expected: ExpectedRevision) -> StoreResult<ActivateOutcome> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let active = active_revision(&mut tx)
+            .await?
+            .map(sql::to_revision)
+            .transpose()?;
+        let plan = sql::plan_activate(active, revision, expected);
+        if let ActivatePlan::Conflict { active } = plan {
+            tx.rollback().await?;
+            return Ok(ActivateOutcome::Conflict { active });
+        }
+        let target = match i64::try_from(revision) {
+            Ok(revision) => Self::policy_in(&mut *tx, revision).await?,
+            Err(_) => None,
+        };
+        let Some(policy) = target else {
+            tx.rollback().await?;
+            return Ok(ActivateOutcome::NotFound);
+        };
+        if let ActivatePlan::Switch = plan {
+            point_active_at(&mut tx, policy.revision).await?;
+        }
+        tx.commit().await?;
+        Ok(ActivateOutcome::Activated(policy))
+    }
+
+    async fn policy(&self, revision: u64) -> StoreResult<Option<StoredPolicy>> {
+        match i64::try_from(revision) {
+            Ok(revision) => Self::policy_in(&self.pool, revision).await,
+            Err(_) => Ok(None),
+        }
+    }
+
+    async fn list_policies(&self, limit: u32) -> StoreResult<Vec<StoredPolicy>> {
+        sqlx::query_as::<_, PolicyRow>(
+            "SELECT revision, version, artifact, catalog, author, comment, created_at \
+             FROM policy_versions ORDER BY revision DESC LIMIT $1",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .map(PolicyRow::into_policy)
+        .collect()
+    }
+
+    async fn policy_changed(&self) -> StoreResult<()> {
+        std::future::pending().await
+    }
+
+    async fn read_usage(&self, key: CounterKey<'_>) -> StoreResult<Option<Counted>> {
+        sqlx::query_as::<_, CountedRow>(
+            "SELECT calls, window_start FROM usage_counters WHERE principal_id = $1 AND capability = $2",
+        )
+        .bind(key.principal_id)
+        .bind(key.capability)
+        .fetch_optional(&self.pool)
+        .await?
+        .map(CountedRow::into_counted)
+        .transpose()
+    }
+
+    async fn consume(
+        &self,
+        key: CounterKey<'_>,
+        at_ms: i64,
+        window_ms: u64,
+        limit: u64,
+    ) -> StoreResult<Consumed> {
+        // A first call opens a window with one call in it, which a ceiling of
+        // zero does not allow.
+        if limit == 0 {
+            return Ok(Consumed::Refused);
+        }
+        // INVARIANT: one statement. A writing statement takes the write lock
+        // before it reads, so no other consumer can change the row between
+        // the `WHERE` and the update. In `SET`, `c.` names the row before the
+        // update in both expressions.
+        let counted = sqlx::query_as::<_, CountedRow>(
+            "INSERT INTO usage_counters AS c (principal_id, capability, window_start, calls) \
+             VALUES ($1, $2, $3, 1) \
+             ON CONFLICT (principal_id, capability) DO UPDATE SET \
+                 window_start = CASE WHEN c.window_start <= $4 THEN excluded.window_start \
+                                     ELSE c.window_start END, \
+                 calls = CASE WHEN c.window_start <= $4 THEN 1 ELSE c.calls + 1 END \
+             WHERE c.window_start <= $4 OR c.calls < $5 \
+             RETURNING calls, window_start",
+        )
+        .bind(key.principal_id)
+        .bind(key.capability)
+        .bind(at_ms)
+        .bind(sql::expired_at_or_before(at_ms, window_ms))
+        .bind(sql::saturating_bigint(limit))
+        .fetch_optional(&self.pool)
+        .await?;
+        match counted {
+            Some(row) => Ok(Consumed::Taken(row.into_counted()?)),
+            None => Ok(Consumed::Refused),
+        }
+    }
+
+    async fn append_audit(
+        &self,
+        records: &[AuditRecord],
+        remembered: &[(String, String, Remembered)],
+    ) -> StoreResult<()> {
+        if records.is_empty() && remembered.is_empty() {
+            return Ok(());
+        }
+        let integers = records
+            .iter()
+            .map(AuditIntegers::of)
+            .collect::<StoreResult<Vec<_>>>()?;
+        // One prepared statement per table, executed once per row inside one
+        // transaction: SQLite runs in-process, so a row costs no round trip,
+        // and the transaction makes the batch durable with one sync.
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        for (record, integers) in records.iter().zip(integers) {
+            // Destructured so that a new field of `AuditRecord` fails to
+            // compile here until it has a column.
+            let AuditRecord {
+                decision_id,
+                at_ms,
+                request_id,
+                gateway,
+                kind,
+                outcome,
+                code,
+                path,
+                principal_id,
+                issuer,
+                subject,
+                capability,
+                tool,
+                account_id,
+                limit_calls: _,
+                limit_per,
+                usage_calls: _,
+                policy_version,
+                policy_revision: _,
+            } = record;
+            sqlx::query(
+                "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
+                     principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
+                     usage_calls, policy_version, policy_revision) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
+                     $18, $19) \
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(decision_id)
+            .bind(at_ms)
+            .bind(request_id)
+            .bind(gateway)
+            .bind(kind)
+            .bind(outcome)
+            .bind(code)
+            .bind(path)
+            .bind(principal_id)
+            .bind(issuer)
+            .bind(subject)
+            .bind(capability)
+            .bind(tool)
+            .bind(account_id)
+            .bind(integers.limit_calls)
+            .bind(limit_per)
+            .bind(integers.usage_calls)
+            .bind(policy_version)
+            .bind(integers.policy_revision)
+            .execute(&mut *tx)
+            .await?;
+        }
+        for (gateway, request_id, answer) in remembered {
+            sqlx::query(
+                "INSERT INTO remembered_responses (gateway, request_id, decision_id, response, at) \
+                 VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(gateway)
+            .bind(request_id)
+            .bind(&answer.decision_id)
+            .bind(&answer.response)
+            .bind(answer.at_ms)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn remembered(&self, gateway: &str, request_id: &str) -> StoreResult<Option<Remembered>> {
+        Ok(sqlx::query_as::<_, RememberedRow>(
+            "SELECT decision_id, response, at FROM remembered_responses \
+             WHERE gateway = $1 AND request_id = $2",
+        )
+        .bind(gateway)
+        .bind(request_id)
+        .fetch_optional(&self.pool)
+        .await?
+        .map(RememberedRow::into_remembered))
+    }
+
+    async fn query_audit(&self, filter: &AuditFilter) -> StoreResult<Vec<AuditRecord>> {
+        sql::audit_query::<Sqlite>(filter)
+            .build_query_as::<AuditRow>()
+            .fetch_all(&self.pool)
+            .await?
+            .into_iter()
+            .map(AuditRow::into_record)
+            .collect()
+    }
+}

@@ -1,0 +1,147 @@
+//! Who may call the service (service.md §6): bearer tokens in the
+//! `authorization` metadata, compared in constant time, and two roles.
+//!
+//! | call | gateway token | admin token |
+//! |---|---|---|
+//! | `Decide`, `ListVisible` | yes | yes |
+//! | every `PolicyService` call | no (`PERMISSION_DENIED`) | yes |
+//!
+//! Reading the policy is admin-only too: the artifact is the whole
+//! authorisation map, and a gateway only needs the decisions.
+//!
+//! With no token configured the server only listens on loopback (checked at
+//! start-up) and every caller is `loopback`, with both roles.
+
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tonic::metadata::MetadataMap;
+use tonic::Status;
+
+use super::config::Token;
+
+/// The identity recorded for callers when no token is configured.
+pub const LOOPBACK: &str = "loopback";
+
+/// What a call needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Decisions and listings: a gateway or an admin.
+    Gateway,
+    /// Policy versions: an admin.
+    Admin,
+}
+
+/// An authenticated caller: the token's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub name: String,
+    pub admin: bool,
+}
+
+/// The configured tokens.
+#[derive(Debug, Clone, Default)]
+pub struct Tokens {
+    gateway: Vec<Token>,
+    admin: Vec<Token>,
+}
+
+impl Tokens {
+    pub fn new(gateway: Vec<Token>, admin: Vec<Token>) -> Self {
+        Tokens { gateway, admin }
+    }
+
+    fn open(&self) -> bool {
+        self.gateway.is_empty() && self.admin.is_empty()
+    }
+
+    /// Checks the call's bearer token for `role`. Messages never repeat what
+    /// was presented.
+    pub fn authorize(&self, metadata: &MetadataMap, role: Role) -> Result<Caller, Status> {
+        if self.open() {
+            return Ok(Caller {
+                name: LOOPBACK.to_owned(),
+                admin: true,
+            });
+        }
+        let Some(value) = metadata.get("authorization") else {
+            return Err(Status::unauthenticated(
+                "missing `authorization: Bearer <token>` metadata",
+            ));
+        };
+        let presented = value
+            .as_bytes()
+            .strip_prefix(b"Bearer ")
+            .or_else(|| value.as_bytes().strip_prefix(b"bearer "))
+            .ok_or_else(|| Status::unauthenticated("the `authorization` metadata is not a bearer token"))?;
+        let digest: [u8; 32] = Sha256::digest(presented).into();
+        // Every token is compared, whatever matched, so the time taken says
+        // nothing about which one (or whether any) did.
+        let mut found: Option<Caller> = None;
+        for (token, admin) in self
+            .admin
+            .iter()
+            .map(|token| (token, true))
+            .chain(self.gateway.iter().map(|token| (token, false)))
+        {
+            let matches: bool = token.digest.ct_eq(&digest).into();
+            if matches && found.is_none() {
+                found = Some(Caller {
+                    name: token.name.clone(),
+                    admin,
+                });
+            }
+        }
+        let caller = found.ok_or_else(|| Status::unauthenticated("the bearer token is not valid"))?;
+        if role == Role::Admin && !caller.admin {
+            return Err(Status::permission_denied(format!(
+                "`{}` is a gateway token; this call needs an admin token",
+                caller.name
+            )));
+        }
+        Ok(caller)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metadata(value: Option<&str>) -> MetadataMap {
+        let mut map = MetadataMap::new();
+        if let Some(value) = value {
+            map.insert("authorization", value.parse().unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn roles_and_refusals() {
+        let tokens = Tokens::new(
+            vec![Token::new("gw", b"g-secret")],
+            vec![Token::new("ops", b"a-secret")],
+        );
+        let gateway = tokens
+            .authorize(&metadata(Some("Bearer g-secret")), Role::Gateway)
+            .unwrap();
+        assert_eq!(gateway.name, "gw");
+        let denied = tokens
+            .authorize(&metadata(Some("Bearer g-secret")), Role::Admin)
+            .unwrap_err();
+        assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+        let admin = tokens
+            .authorize(&metadata(Some("Bearer a-secret")), Role::Gateway)
+            .unwrap();
+        assert!(admin.admin);
+        for bad in [None, Some("Bearer nope"), Some("g-secret"), Some("Bearer ")] {
+            let error = tokens.authorize(&metadata(bad), Role::Gateway).unwrap_err();
+            assert_eq!(error.code(), tonic::Code::Unauthenticated);
+            assert!(!error.message().contains("nope"));
+        }
+    }
+
+    #[test]
+    fn no_tokens_means_loopback_with_every_role() {
+        let caller = Tokens::default().authorize(&metadata(None), Role::Admin).unwrap();
+        assert_eq!(caller.name, LOOPBACK);
+    }
+}

@@ -1,0 +1,411 @@
+//! What the two SQL implementations share, so that they cannot drift apart
+//! where no dialect difference forces them to: the shapes of the rows they
+//! read, the conversions between the port's unsigned integers and SQL's
+//! signed `BIGINT`, the decisions of `publish` and `activate` once the active
+//! pointer is locked, and the `WHERE` clause of an audit query.
+//!
+//! The SQL that differs (locking, bulk inserts, notifications) lives in
+//! `postgres.rs` and `sqlite.rs`.
+
+use sqlx::{Database, Encode, QueryBuilder, Type};
+
+use super::{
+    AuditFilter, AuditRecord, Counted, ExpectedRevision, NewPolicy, Remembered, StoreError, StoreResult,
+    StoredPolicy,
+};
+
+impl From<sqlx::Error> for StoreError {
+    fn from(error: sqlx::Error) -> Self {
+        StoreError::Database(error.to_string())
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for StoreError {
+    fn from(error: sqlx::migrate::MigrateError) -> Self {
+        StoreError::Database(format!("migration failed: {error}"))
+    }
+}
+
+/// A port integer as a `BIGINT`. Values past `i64::MAX` are refused rather
+/// than wrapped or clamped, because the record would then lie.
+pub(super) fn to_bigint(value: u64, column: &str) -> StoreResult<i64> {
+    i64::try_from(value)
+        .map_err(|_| StoreError::Database(format!("`{column}` {value} does not fit the store's BIGINT")))
+}
+
+fn to_unsigned(value: i64, column: &str) -> StoreResult<u64> {
+    u64::try_from(value).map_err(|_| StoreError::Database(format!("stored `{column}` is negative: {value}")))
+}
+
+/// A stored revision as the port's `u64`.
+pub(super) fn to_revision(value: i64) -> StoreResult<u64> {
+    to_unsigned(value, "revision")
+}
+
+fn to_unsigned_opt(value: Option<i64>, column: &str) -> StoreResult<Option<u64>> {
+    value.map(|value| to_unsigned(value, column)).transpose()
+}
+
+/// A ceiling too large for `BIGINT` acts as `i64::MAX`: a counter stored as
+/// `BIGINT` never reaches it either.
+pub(super) fn saturating_bigint(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// The latest window start that has expired at `at_ms`: a window that opened
+/// at `s` has expired when `at_ms − s ≥ window_ms`, that is when
+/// `s ≤ at_ms − window_ms`. Computed here, exactly, rather than in SQL, where
+/// a subtraction near the ends of `BIGINT` would fail (PostgreSQL) or turn
+/// into floating point (SQLite). `None` when `at_ms − window_ms` is below
+/// `i64::MIN`: then no window start has expired, and SQL's
+/// `window_start <= NULL` is never true.
+pub(super) fn expired_at_or_before(at_ms: i64, window_ms: u64) -> Option<i64> {
+    i64::try_from(i128::from(at_ms) - i128::from(window_ms)).ok()
+}
+
+// ── Rows ──────────────────────────────────────────────────────────────────
+// Field names are column names; `sqlx::FromRow` derives a reader for either
+// dialect.
+
+#[derive(sqlx::FromRow)]
+pub(super) struct PolicyRow {
+    revision: i64,
+    version: String,
+    artifact: String,
+    catalog: Option<String>,
+    author: String,
+    comment: String,
+    created_at: i64,
+}
+
+impl PolicyRow {
+    pub(super) fn into_policy(self) -> StoreResult<StoredPolicy> {
+        let PolicyRow {
+            revision,
+            version,
+            artifact,
+            catalog,
+            author,
+            comment,
+            created_at,
+        } = self;
+        Ok(StoredPolicy {
+            revision: to_unsigned(revision, "revision")?,
+            version,
+            artifact,
+            catalog,
+            author,
+            comment,
+            created_at_ms: created_at,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct CountedRow {
+    calls: i64,
+    window_start: i64,
+}
+
+impl CountedRow {
+    pub(super) fn into_counted(self) -> StoreResult<Counted> {
+        Ok(Counted {
+            calls: to_unsigned(self.calls, "calls")?,
+            window_start_ms: self.window_start,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct RememberedRow {
+    decision_id: String,
+    response: Vec<u8>,
+    at: i64,
+}
+
+impl RememberedRow {
+    pub(super) fn into_remembered(self) -> Remembered {
+        Remembered {
+            decision_id: self.decision_id,
+            response: self.response,
+            at_ms: self.at,
+        }
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct AuditRow {
+    decision_id: String,
+    at: i64,
+    request_id: Option<String>,
+    gateway: String,
+    kind: String,
+    outcome: String,
+    code: Option<String>,
+    path: Option<String>,
+    principal_id: Option<String>,
+    issuer: Option<String>,
+    subject: Option<String>,
+    capability: Option<String>,
+    tool: Option<String>,
+    account_id: Option<String>,
+    limit_calls: Option<i64>,
+    limit_per: Option<String>,
+    usage_calls: Option<i64>,
+    policy_version: Option<String>,
+    policy_revision: Option<i64>,
+}
+
+impl AuditRow {
+    pub(super) fn into_record(self) -> StoreResult<AuditRecord> {
+        let AuditRow {
+            decision_id,
+            at,
+            request_id,
+            gateway,
+            kind,
+            outcome,
+            code,
+            path,
+            principal_id,
+            issuer,
+            subject,
+            capability,
+            tool,
+            account_id,
+            limit_calls,
+            limit_per,
+            usage_calls,
+            policy_version,
+            policy_revision,
+        } = self;
+        Ok(AuditRecord {
+            decision_id,
+            at_ms: at,
+            request_id,
+            gateway,
+            kind,
+            outcome,
+            code,
+            path,
+            principal_id,
+            issuer,
+            subject,
+            capability,
+            tool,
+            account_id,
+            limit_calls: to_unsigned_opt(limit_calls, "limit_calls")?,
+            limit_per,
+            usage_calls: to_unsigned_opt(usage_calls, "usage_calls")?,
+            policy_version,
+            policy_revision: to_unsigned_opt(policy_revision, "policy_revision")?,
+        })
+    }
+}
+
+/// The columns of `audit_log`, in the order of [`AuditRow`].
+const AUDIT_COLUMNS: &str = "decision_id, at, request_id, gateway, kind, outcome, code, path, \
+     principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, usage_calls, \
+     policy_version, policy_revision";
+
+/// An audit record's integer columns as `BIGINT`s, checked before anything
+/// is written.
+pub(super) struct AuditIntegers {
+    pub(super) limit_calls: Option<i64>,
+    pub(super) usage_calls: Option<i64>,
+    pub(super) policy_revision: Option<i64>,
+}
+
+impl AuditIntegers {
+    pub(super) fn of(record: &AuditRecord) -> StoreResult<Self> {
+        let opt = |value: Option<u64>, column| value.map(|value| to_bigint(value, column)).transpose();
+        Ok(AuditIntegers {
+            limit_calls: opt(record.limit_calls, "limit_calls")?,
+            usage_calls: opt(record.usage_calls, "usage_calls")?,
+            policy_revision: opt(record.policy_revision, "policy_revision")?,
+        })
+    }
+}
+
+// ── Policy versions ───────────────────────────────────────────────────────
+
+/// What `publish` does once the active pointer is locked.
+pub(super) enum PublishPlan {
+    /// Same version and catalog as the active one. Checked before the
+    /// expectation: the state the caller asks for already holds, so a retry
+    /// of a publish that succeeded (its answer lost) is answered, not refused.
+    Unchanged(StoredPolicy),
+    Conflict {
+        active: Option<u64>,
+    },
+    Insert,
+}
+
+pub(super) fn plan_publish(
+    active: Option<StoredPolicy>,
+    new: &NewPolicy,
+    expected: ExpectedRevision,
+) -> PublishPlan {
+    let active_revision = active.as_ref().map(|policy| policy.revision);
+    match active {
+        Some(active) if active.version == new.version && active.catalog == new.catalog => {
+            PublishPlan::Unchanged(active)
+        }
+        _ if !expectation_holds(expected, active_revision) => PublishPlan::Conflict {
+            active: active_revision,
+        },
+        _ => PublishPlan::Insert,
+    }
+}
+
+/// What `activate` does once the active pointer is locked.
+pub(super) enum ActivatePlan {
+    /// The revision is already active: nothing to change or announce (checked
+    /// before the expectation, as for `publish`).
+    AlreadyActive,
+    Conflict {
+        active: Option<u64>,
+    },
+    /// Look the revision up, then point at it (or answer `NotFound`).
+    Switch,
+}
+
+pub(super) fn plan_activate(active: Option<u64>, revision: u64, expected: ExpectedRevision) -> ActivatePlan {
+    if active == Some(revision) {
+        ActivatePlan::AlreadyActive
+    } else if !expectation_holds(expected, active) {
+        ActivatePlan::Conflict { active }
+    } else {
+        ActivatePlan::Switch
+    }
+}
+
+/// `Some(0)` expects that no version is active.
+fn expectation_holds(expected: ExpectedRevision, active: Option<u64>) -> bool {
+    expected.is_none_or(|expected| expected == active.unwrap_or(0))
+}
+
+// ── Audit queries ─────────────────────────────────────────────────────────
+
+/// `SELECT … FROM audit_log WHERE … ORDER BY … LIMIT …` with only the
+/// conditions the filter sets, so that each query is a plain equality plus a
+/// range on `at` and the planner can pick the matching index (a catch-all
+/// `($1 IS NULL OR col = $1)` would defeat PostgreSQL's generic plans).
+pub(super) fn audit_query<DB>(filter: &AuditFilter) -> QueryBuilder<DB>
+where
+    DB: Database,
+    DB::Arguments: Default,
+    String: for<'q> Encode<'q, DB> + Type<DB>,
+    i64: for<'q> Encode<'q, DB> + Type<DB>,
+{
+    let AuditFilter {
+        principal_id,
+        capability,
+        outcome,
+        code,
+        since_ms,
+        until_ms,
+        limit,
+    } = filter;
+    let mut query = QueryBuilder::new(format!("SELECT {AUDIT_COLUMNS} FROM audit_log WHERE TRUE"));
+    for (column, value) in [
+        ("principal_id", principal_id),
+        ("capability", capability),
+        ("outcome", outcome),
+        ("code", code),
+    ] {
+        if let Some(value) = value {
+            query
+                .push(format_args!(" AND {column} = "))
+                .push_bind(value.clone());
+        }
+    }
+    if let Some(since) = since_ms {
+        query.push(" AND at >= ").push_bind(*since);
+    }
+    if let Some(until) = until_ms {
+        query.push(" AND at < ").push_bind(*until);
+    }
+    query
+        .push(" ORDER BY at DESC, decision_id DESC LIMIT ")
+        .push_bind(i64::from(*limit));
+    query
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(revision: u64, version: &str, catalog: Option<&str>) -> StoredPolicy {
+        StoredPolicy {
+            revision,
+            version: version.to_owned(),
+            artifact: String::new(),
+            catalog: catalog.map(str::to_owned),
+            author: String::new(),
+            comment: String::new(),
+            created_at_ms: 0,
+        }
+    }
+
+    fn new(version: &str, catalog: Option<&str>) -> NewPolicy {
+        NewPolicy {
+            version: version.to_owned(),
+            artifact: String::new(),
+            catalog: catalog.map(str::to_owned),
+            author: String::new(),
+            comment: String::new(),
+            created_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn expired_threshold_is_exact_at_the_ends() {
+        assert_eq!(expired_at_or_before(10_000, 3_000), Some(7_000));
+        assert_eq!(expired_at_or_before(10_000, 0), Some(10_000));
+        assert_eq!(expired_at_or_before(0, i64::MAX as u64), Some(-i64::MAX));
+        assert_eq!(expired_at_or_before(0, u64::MAX), None);
+        // The one window start a window of `u64::MAX` has outlived.
+        assert_eq!(expired_at_or_before(i64::MAX, u64::MAX), Some(i64::MIN));
+        assert_eq!(expired_at_or_before(i64::MIN, 1), None);
+    }
+
+    #[test]
+    fn identical_content_wins_over_a_stale_expectation() {
+        let active = Some(stored(3, "sha256:a", None));
+        assert!(matches!(
+            plan_publish(active.clone(), &new("sha256:a", None), Some(2)),
+            PublishPlan::Unchanged(policy) if policy.revision == 3
+        ));
+        assert!(matches!(
+            plan_publish(active.clone(), &new("sha256:a", Some("c")), Some(2)),
+            PublishPlan::Conflict { active: Some(3) }
+        ));
+        assert!(matches!(
+            plan_publish(active, &new("sha256:b", None), Some(3)),
+            PublishPlan::Insert
+        ));
+        assert!(matches!(
+            plan_publish(None, &new("sha256:b", None), Some(0)),
+            PublishPlan::Insert
+        ));
+        assert!(matches!(
+            plan_publish(None, &new("sha256:b", None), Some(1)),
+            PublishPlan::Conflict { active: None }
+        ));
+    }
+
+    #[test]
+    fn activating_the_active_revision_changes_nothing() {
+        assert!(matches!(
+            plan_activate(Some(2), 2, Some(7)),
+            ActivatePlan::AlreadyActive
+        ));
+        assert!(matches!(
+            plan_activate(Some(2), 1, Some(7)),
+            ActivatePlan::Conflict { active: Some(2) }
+        ));
+        assert!(matches!(plan_activate(None, 1, Some(0)), ActivatePlan::Switch));
+        assert!(matches!(plan_activate(Some(2), 1, None), ActivatePlan::Switch));
+    }
+}

@@ -1,0 +1,1733 @@
+//! The decision service end to end: a real server on a loopback port, in
+//! this process, over the SQLite store in a temporary directory, called by a
+//! real tonic client (service.md). Where a test needs the store to fail, it
+//! wraps the SQLite store in [`Flaky`], which fails counters or audit writes
+//! on demand and delegates everything else.
+
+// Tests read fixtures and the clock.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use capgate::periphery::server::proto::decision_service_client::DecisionServiceClient;
+use capgate::periphery::server::proto::policy_service_client::PolicyServiceClient;
+use capgate::periphery::server::proto::{
+    decide_request, decide_response, list_visible_request, list_visible_response, transport,
+    ActivatePolicyRequest, AssertedPrincipal, Attribute, AuthProblem, DecideRequest, DecideResponse,
+    Decision, GetActivePolicyRequest, ListPolicyVersionsRequest, ListVisibleRequest, Outcome,
+    PublishPolicyRequest, PublishPolicyResponse, ReasonCode,
+};
+use capgate::periphery::server::{self, Config, ConfigError, PolicyFile, Running, StartError, Token};
+use capgate::periphery::store::{
+    self, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Consumed, Counted, CounterKey,
+    ExpectedRevision, NewPolicy, PublishOutcome, Remembered, SqliteStore, Store, StoreError, StoreOptions,
+    StoreResult, StoredPolicy,
+};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
+use tonic_types::StatusExt;
+
+const POLICY: &str = include_str!("../examples/policy.yaml");
+const CATALOG: &str = include_str!("../examples/catalog.yaml");
+
+// ── A store that fails on demand ──────────────────────────────────────────
+
+/// The SQLite store, with switches that make counter reads, counter
+/// consumptions or audit writes fail.
+#[derive(Clone)]
+struct Flaky {
+    inner: SqliteStore,
+    reads_down: Arc<AtomicBool>,
+    consumes_down: Arc<AtomicBool>,
+    audit_down: Arc<AtomicBool>,
+}
+
+fn down<T>() -> StoreResult<T> {
+    Err(StoreError::Database("switched off by the test".into()))
+}
+
+impl Store for Flaky {
+    fn migrate(&self) -> impl Future<Output = StoreResult<()>> + Send {
+        self.inner.migrate()
+    }
+    fn active_policy(&self) -> impl Future<Output = StoreResult<Option<StoredPolicy>>> + Send {
+        self.inner.active_policy()
+    }
+    fn publish(
+        &self,
+        new: NewPolicy,
+        expected: ExpectedRevision,
+    ) -> impl Future<Output = StoreResult<PublishOutcome>> + Send {
+        self.inner.publish(new, expected)
+    }
+    fn activate(
+        &self,
+        revision: u64,
+        expected: ExpectedRevision,
+    ) -> impl Future<Output = StoreResult<ActivateOutcome>> + Send {
+        self.inner.activate(revision, expected)
+    }
+    fn policy(&self, revision: u64) -> impl Future<Output = StoreResult<Option<StoredPolicy>>> + Send {
+        self.inner.policy(revision)
+    }
+    fn list_policies(&self, limit: u32) -> impl Future<Output = StoreResult<Vec<StoredPolicy>>> + Send {
+        self.inner.list_policies(limit)
+    }
+    fn policy_changed(&self) -> impl Future<Output = StoreResult<()>> + Send {
+        self.inner.policy_changed()
+    }
+    fn read_usage(&self, key: CounterKey<'_>) -> impl Future<Output = StoreResult<Option<Counted>>> + Send {
+        let fail = self.reads_down.load(Ordering::SeqCst);
+        let read = self.inner.read_usage(key);
+        async move {
+            if fail {
+                down()
+            } else {
+                read.await
+            }
+        }
+    }
+    fn consume(
+        &self,
+        key: CounterKey<'_>,
+        at_ms: i64,
+        window_ms: u64,
+        limit: u64,
+    ) -> impl Future<Output = StoreResult<Consumed>> + Send {
+        let fail = self.consumes_down.load(Ordering::SeqCst);
+        let consume = self.inner.consume(key, at_ms, window_ms, limit);
+        async move {
+            if fail {
+                down()
+            } else {
+                consume.await
+            }
+        }
+    }
+    fn append_audit(
+        &self,
+        records: &[AuditRecord],
+        remembered: &[(String, String, Remembered)],
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        let fail = self.audit_down.load(Ordering::SeqCst);
+        let append = self.inner.append_audit(records, remembered);
+        async move {
+            if fail {
+                down()
+            } else {
+                append.await
+            }
+        }
+    }
+    fn remembered(
+        &self,
+        gateway: &str,
+        request_id: &str,
+    ) -> impl Future<Output = StoreResult<Option<Remembered>>> + Send {
+        self.inner.remembered(gateway, request_id)
+    }
+    fn query_audit(
+        &self,
+        filter: &AuditFilter,
+    ) -> impl Future<Output = StoreResult<Vec<AuditRecord>>> + Send {
+        self.inner.query_audit(filter)
+    }
+}
+
+// ── The harness ───────────────────────────────────────────────────────────
+
+struct Harness {
+    running: Option<Running>,
+    store: Flaky,
+    channel: Channel,
+    dir: tempfile::TempDir,
+}
+
+impl Harness {
+    /// A server on 127.0.0.1:0 over a fresh SQLite file, configured by `adjust`.
+    async fn start(adjust: impl FnOnce(&mut Config)) -> Harness {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        Harness::start_in(dir, adjust).await
+    }
+
+    async fn start_in(dir: tempfile::TempDir, adjust: impl FnOnce(&mut Config)) -> Harness {
+        let store = Flaky {
+            inner: sqlite(&dir).await,
+            reads_down: Arc::new(AtomicBool::new(false)),
+            consumes_down: Arc::new(AtomicBool::new(false)),
+            audit_down: Arc::new(AtomicBool::new(false)),
+        };
+        let mut config = Config::new(vec!["127.0.0.1:0".parse().unwrap()]);
+        config.poll_interval = Duration::from_millis(200);
+        adjust(&mut config);
+        let running = server::start(store.clone(), config)
+            .await
+            .expect("the server starts");
+        let channel = Endpoint::from_shared(format!("http://{}", running.addrs[0]))
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect to the server");
+        Harness {
+            running: Some(running),
+            store,
+            channel,
+            dir,
+        }
+    }
+
+    fn decisions(&self) -> DecisionServiceClient<Channel> {
+        DecisionServiceClient::new(self.channel.clone())
+    }
+
+    fn policies(&self) -> PolicyServiceClient<Channel> {
+        PolicyServiceClient::new(self.channel.clone())
+            .max_encoding_message_size(usize::MAX)
+            .max_decoding_message_size(usize::MAX)
+    }
+
+    async fn publish(&self, artifact: &str, catalog: Option<&str>) -> Result<PublishPolicyResponse, Status> {
+        self.policies()
+            .publish_policy(PublishPolicyRequest {
+                artifact: artifact.to_owned(),
+                catalog: catalog.map(str::to_owned),
+                ..Default::default()
+            })
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    async fn decide(&self, request: DecideRequest) -> Result<DecideResponse, Status> {
+        self.decisions()
+            .decide(request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    async fn audit(&self) -> Vec<AuditRecord> {
+        self.store
+            .query_audit(&AuditFilter {
+                limit: 10_000,
+                ..Default::default()
+            })
+            .await
+            .expect("query the audit trail")
+    }
+
+    async fn stop(mut self) {
+        if let Some(running) = self.running.take() {
+            running.stop().await.expect("a clean stop");
+        }
+    }
+}
+
+async fn sqlite(dir: &tempfile::TempDir) -> SqliteStore {
+    let url = format!("sqlite://{}", dir.path().join("capgate.db").display());
+    match store::connect(&url, &StoreOptions::default())
+        .await
+        .expect("open SQLite")
+    {
+        AnyStore::Sqlite(store) => store,
+        AnyStore::Postgres(_) => unreachable!("a sqlite URL"),
+    }
+}
+
+fn principal(issuer: &str, subject: &str, attributes: &[(&str, &[&str])]) -> AssertedPrincipal {
+    AssertedPrincipal {
+        issuer: issuer.into(),
+        subject: subject.into(),
+        attributes: attributes
+            .iter()
+            .map(|(name, values)| Attribute {
+                name: (*name).into(),
+                values: values.iter().map(|value| (*value).to_owned()).collect(),
+            })
+            .collect(),
+    }
+}
+
+fn for_capability(who: AssertedPrincipal, capability: &str) -> DecideRequest {
+    DecideRequest {
+        caller: Some(decide_request::Caller::Principal(who)),
+        target: Some(decide_request::Target::Capability(capability.into())),
+        request_id: String::new(),
+    }
+}
+
+fn for_tool(who: AssertedPrincipal, tool: &str) -> DecideRequest {
+    DecideRequest {
+        caller: Some(decide_request::Caller::Principal(who)),
+        target: Some(decide_request::Target::Tool(tool.into())),
+        request_id: String::new(),
+    }
+}
+
+fn decision(response: &DecideResponse) -> &Decision {
+    match &response.result {
+        Some(decide_response::Result::Decision(decision)) => decision,
+        other => panic!("expected a decision, got {other:?}"),
+    }
+}
+
+/// (outcome, code, path, subject) of a decision.
+fn summary(response: &DecideResponse) -> (Outcome, ReasonCode, String, String) {
+    let decision = decision(response);
+    let reason = decision.reason.as_ref().expect("every decision has a reason");
+    (
+        decision.outcome(),
+        reason.code(),
+        reason.path.clone(),
+        reason.subject.clone(),
+    )
+}
+
+fn violations(status: &Status) -> Vec<String> {
+    status
+        .get_details_bad_request()
+        .map(|bad| bad.field_violations.into_iter().map(|v| v.field).collect())
+        .unwrap_or_default()
+}
+
+/// The example with a ceiling of `calls` per hour on `/grants/0`.
+fn example_with_ceiling(calls: u64) -> String {
+    POLICY.replace(
+        "limits: { calls: 600, per: 1h }",
+        &format!("limits: {{ calls: {calls}, per: 1h }}"),
+    )
+}
+
+fn support() -> AssertedPrincipal {
+    principal("staff", "ana", &[("dept", &["support"])])
+}
+
+// ── Policy versions ───────────────────────────────────────────────────────
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_artifacts_are_refused_with_positions_and_not_stored() {
+    let harness = Harness::start(|_| {}).await;
+    let bad = POLICY.replacen("using: helpdesk-reader", "using: docs-writer", 1);
+    let response = harness.publish(&bad, None).await.unwrap();
+    assert!(!response.accepted);
+    assert_eq!(response.revision, 0);
+    let error = &response.diagnostics[0];
+    assert_eq!(
+        (error.severity.as_str(), error.code.as_str(), error.path.as_str()),
+        ("error", "unknown_account_in_grant", "/grants/0/using")
+    );
+    let position = error.position.expect("a position");
+    assert_eq!((position.line, position.column), (129, 12));
+    assert!(harness.store.list_policies(10).await.unwrap().is_empty());
+    assert!(harness.store.active_policy().await.unwrap().is_none());
+
+    // A catalog that is not one is the caller's mistake, named.
+    let status = harness.publish(POLICY, Some("tools: {}\n")).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(violations(&status), ["catalog"]);
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_dry_run_identical_conflict_list_and_rollback() {
+    let harness = Harness::start(|_| {}).await;
+    let mut policies = harness.policies();
+
+    // A dry run compiles and diffs, and stores nothing.
+    let dry = policies
+        .publish_policy(PublishPolicyRequest {
+            artifact: POLICY.into(),
+            catalog: Some(CATALOG.into()),
+            dry_run: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(dry.accepted && !dry.unchanged);
+    assert_eq!(dry.revision, 0);
+    // Against no policy at all: nothing was declared before.
+    assert!(dry.changes.iter().all(|change| change.before.is_none()));
+    assert!(dry
+        .changes
+        .iter()
+        .any(|change| change.kind == "gained" && change.capability == "tickets.issue.read"));
+    assert!(harness.store.list_policies(10).await.unwrap().is_empty());
+
+    // The first version: revision 1, two catalog warnings, every allow gained.
+    let first = harness.publish(POLICY, Some(CATALOG)).await.unwrap();
+    assert!(first.accepted && !first.unchanged);
+    assert_eq!(first.revision, 1);
+    let codes: Vec<&str> = first.diagnostics.iter().map(|d| d.code.as_str()).collect();
+    assert_eq!(codes, ["catalog_tool_unmapped", "catalog_tool_unmapped"]);
+    assert_eq!(first.changes, dry.changes);
+
+    // The same content again: nothing stored, the active revision returned.
+    let again = harness.publish(POLICY, Some(CATALOG)).await.unwrap();
+    assert!(again.accepted && again.unchanged);
+    assert_eq!(again.revision, 1);
+    assert!(again.changes.is_empty());
+    assert_eq!(harness.store.list_policies(10).await.unwrap().len(), 1);
+
+    // Compare-and-set against a stale revision: ABORTED, nothing changes.
+    let stale = policies
+        .publish_policy(PublishPolicyRequest {
+            artifact: example_with_ceiling(300),
+            catalog: Some(CATALOG.into()),
+            expected_active_revision: Some(0),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(stale.code(), Code::Aborted);
+    assert_eq!(harness.store.list_policies(10).await.unwrap().len(), 1);
+
+    // The right revision: stored, activated, and the diff says exactly what changed.
+    let second = policies
+        .publish_policy(PublishPolicyRequest {
+            artifact: example_with_ceiling(300),
+            catalog: Some(CATALOG.into()),
+            expected_active_revision: Some(1),
+            comment: "halve the support read ceiling".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(second.revision, 2);
+    // Three representatives hold `dept: support`: plain, intern, senior.
+    let calls = |side: &Option<capgate::periphery::server::proto::DecisionSummary>| {
+        side.as_ref().and_then(|s| s.limits.as_ref()).map(|l| l.calls)
+    };
+    let shape: Vec<_> = second
+        .changes
+        .iter()
+        .map(|change| {
+            (
+                change.issuer.as_str(),
+                change.attributes.get("level"),
+                change.capability.as_str(),
+                change.kind.as_str(),
+                calls(&change.before),
+                calls(&change.after),
+            )
+        })
+        .collect();
+    let (intern, senior) = ("intern".to_owned(), "senior".to_owned());
+    assert_eq!(
+        shape,
+        [
+            (
+                "staff",
+                None,
+                "tickets.issue.read",
+                "changed",
+                Some(600),
+                Some(300)
+            ),
+            (
+                "staff",
+                Some(&intern),
+                "tickets.issue.read",
+                "changed",
+                Some(600),
+                Some(300)
+            ),
+            (
+                "staff",
+                Some(&senior),
+                "tickets.issue.read",
+                "changed",
+                Some(600),
+                Some(300)
+            ),
+        ]
+    );
+    assert_eq!(
+        second.changes[0].attributes,
+        BTreeMap::from([("dept".to_owned(), "support".to_owned())])
+    );
+
+    // The new version decides at once on this replica.
+    let allowed = harness
+        .decide(for_capability(support(), "tickets.issue.read"))
+        .await
+        .unwrap();
+    assert_eq!(allowed.policy_revision, 2);
+    assert_eq!(decision(&allowed).limits.as_ref().map(|l| l.calls), Some(300));
+
+    let active = policies
+        .get_active_policy(GetActivePolicyRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let version = active.version.expect("a version");
+    assert_eq!((version.revision, version.active), (2, true));
+    assert_eq!(version.comment, "halve the support read ceiling");
+    assert_eq!(version.author, "loopback");
+    assert_eq!(active.artifact, example_with_ceiling(300));
+    assert_eq!(active.catalog.as_deref(), Some(CATALOG));
+
+    let listed = policies
+        .list_policy_versions(ListPolicyVersionsRequest { limit: 0 })
+        .await
+        .unwrap()
+        .into_inner()
+        .versions;
+    let shape: Vec<(u64, bool)> = listed.iter().map(|v| (v.revision, v.active)).collect();
+    assert_eq!(shape, [(2, true), (1, false)]);
+
+    // Roll back to revision 1: the ceiling is 600 again, and the diff says so.
+    let rolled = policies
+        .activate_policy(ActivatePolicyRequest {
+            revision: 1,
+            expected_active_revision: Some(2),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(rolled.version.map(|v| v.revision), Some(1));
+    assert_eq!(rolled.changes.len(), 3);
+    assert!(rolled
+        .changes
+        .iter()
+        .all(|change| (calls(&change.before), calls(&change.after)) == (Some(300), Some(600))));
+    let after = harness
+        .decide(for_capability(support(), "tickets.issue.read"))
+        .await
+        .unwrap();
+    assert_eq!(after.policy_revision, 1);
+    assert_eq!(decision(&after).limits.as_ref().map(|l| l.calls), Some(600));
+
+    let missing = policies
+        .activate_policy(ActivatePolicyRequest {
+            revision: 99,
+            expected_active_revision: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+    let conflict = policies
+        .activate_policy(ActivatePolicyRequest {
+            revision: 2,
+            expected_active_revision: Some(2),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(conflict.code(), Code::Aborted);
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_startup_file_is_published_only_when_it_differs() {
+    let dir = tempfile::tempdir().unwrap();
+    let with_file = |artifact: String| {
+        move |config: &mut Config| {
+            config.policy = Some(PolicyFile {
+                artifact,
+                catalog: Some(CATALOG.into()),
+            })
+        }
+    };
+    let first = Harness::start_in(dir, with_file(POLICY.into())).await;
+    assert_eq!(
+        first.store.active_policy().await.unwrap().map(|p| p.revision),
+        Some(1)
+    );
+    let allowed = first
+        .decide(for_capability(support(), "tickets.issue.read"))
+        .await
+        .unwrap();
+    assert_eq!(allowed.policy_revision, 1);
+    let dir = {
+        let Harness { running, dir, .. } = first;
+        running.unwrap().stop().await.unwrap();
+        dir
+    };
+    // The same file again: nothing new.
+    let same = Harness::start_in(dir, with_file(POLICY.into())).await;
+    assert_eq!(same.store.list_policies(10).await.unwrap().len(), 1);
+    let dir = {
+        let Harness { running, dir, .. } = same;
+        running.unwrap().stop().await.unwrap();
+        dir
+    };
+    // Another file: published and active before the first call.
+    let changed = Harness::start_in(dir, with_file(example_with_ceiling(7))).await;
+    let response = changed
+        .decide(for_capability(support(), "tickets.issue.read"))
+        .await
+        .unwrap();
+    assert_eq!(response.policy_revision, 2);
+    assert_eq!(decision(&response).limits.as_ref().map(|l| l.calls), Some(7));
+    changed.stop().await;
+}
+
+// ── Decide ────────────────────────────────────────────────────────────────
+
+/// (outcome, code, path, subject) a row expects.
+type Expected = (Outcome, ReasonCode, &'static str, &'static str);
+/// For an allow: the account and the ceiling's calls, if any.
+type Allowed = Option<(&'static str, Option<u64>)>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decide_answers_the_worked_examples() {
+    let harness = Harness::start(|_| {}).await;
+    harness.publish(POLICY, Some(CATALOG)).await.unwrap();
+    use Outcome::{Allow, Deny};
+    use ReasonCode::*;
+    let senior = || principal("staff", "bo", &[("dept", &["support"]), ("level", &["senior"])]);
+    let intern = || principal("staff", "cy", &[("dept", &["support"]), ("level", &["intern"])]);
+    let nightly = || {
+        principal(
+            "nightly",
+            "nightly-runner",
+            &[("role", &["batch"]), ("env", &["prod"])],
+        )
+    };
+    let rows: Vec<(DecideRequest, Expected, Allowed)> = vec![
+        (
+            for_capability(support(), "tickets.issue.read"),
+            (Allow, Granted, "/grants/0", "tickets.issue.read"),
+            Some(("helpdesk-reader", Some(600))),
+        ),
+        (
+            for_capability(support(), "tickets.issue.write"),
+            (Deny, NoGrantMatches, "/grants", "tickets.issue.write"),
+            None,
+        ),
+        (
+            for_capability(senior(), "tickets.issue.write"),
+            (Allow, Granted, "/grants/1", "tickets.issue.write"),
+            Some(("helpdesk-agent", Some(100))),
+        ),
+        (
+            for_capability(principal("staff", "dee", &[]), "docs.page.search"),
+            (Allow, Granted, "/grants/2", "docs.page.search"),
+            Some(("docs-reader", None)),
+        ),
+        (
+            for_capability(senior(), "docs.page.search"),
+            (Allow, Granted, "/grants/3", "docs.page.search"),
+            Some(("docs-reader", Some(2400))),
+        ),
+        (
+            for_capability(intern(), "docs.page.search"),
+            (Allow, Granted, "/grants/4", "docs.page.search"),
+            Some(("docs-reader", Some(100))),
+        ),
+        (
+            for_capability(
+                principal("staff", "fin", &[("dept", &["finance"])]),
+                "billing.refund.create",
+            ),
+            (Deny, LimitExhausted, "/grants/10", "billing.refund.create"),
+            None,
+        ),
+        (
+            for_capability(nightly(), "deploy.release.approve"),
+            (Deny, AccountDisabled, "/grants/11", "release-robot"),
+            None,
+        ),
+        (
+            for_capability(
+                principal(
+                    "mesh",
+                    "CN=grafana",
+                    &[("org", &["Acme Corp"]), ("unit", &["sre"])],
+                ),
+                "metrics.dashboard-view",
+            ),
+            (Allow, Granted, "/grants/8", "metrics.dashboard-view"),
+            Some(("metrics-viewer", Some(30))),
+        ),
+        (
+            for_capability(support(), "crm.contact.read"),
+            (Deny, CapabilityNotDeclared, "/capabilities", "crm.contact.read"),
+            None,
+        ),
+        (
+            for_capability(
+                principal("mesh", "CN=pay", &[("unit", &["payments"])]),
+                "billing.refund.create",
+            ),
+            (Deny, NoGrantMatches, "/grants", "billing.refund.create"),
+            None,
+        ),
+        // An asserted static-key principal carries no literal defaults: no `role`.
+        (
+            for_capability(principal("nightly", "nightly-runner", &[]), "tickets.issue.read"),
+            (Deny, NoGrantMatches, "/grants", "tickets.issue.read"),
+            None,
+        ),
+        // Multi-valued: two values, or the name twice, give no attribute.
+        (
+            for_capability(
+                principal("staff", "eve", &[("dept", &["support", "sre"])]),
+                "tickets.issue.read",
+            ),
+            (Deny, NoGrantMatches, "/grants", "tickets.issue.read"),
+            None,
+        ),
+        (
+            for_capability(
+                principal("staff", "eve", &[("dept", &["support"]), ("dept", &["support"])]),
+                "docs.page.search",
+            ),
+            (Allow, Granted, "/grants/2", "docs.page.search"),
+            Some(("docs-reader", None)),
+        ),
+    ];
+    let mut ids = Vec::new();
+    for (request, expected, allow) in rows {
+        let response = harness.decide(request.clone()).await.unwrap();
+        let (outcome, code, path, subject) = summary(&response);
+        assert_eq!(
+            (outcome, code, path.as_str(), subject.as_str()),
+            expected,
+            "{request:?}"
+        );
+        let decision = decision(&response);
+        let position = decision.reason.as_ref().unwrap().position;
+        assert!(position.is_some_and(|p| p.line > 0), "{path} has a position");
+        assert_eq!(response.policy_revision, 1);
+        assert!(response.policy_version.starts_with("sha256:"));
+        match allow {
+            Some((account, ceiling)) => {
+                assert_eq!(decision.account.as_ref().map(|a| a.id.as_str()), Some(account));
+                assert!(!decision.account.as_ref().unwrap().secret_ref.is_empty());
+                let limits = decision.limits.as_ref();
+                assert_eq!(limits.map(|l| l.calls), ceiling);
+                if let (Some(limits), Some(calls)) = (limits, ceiling) {
+                    // The first call of the window: one taken.
+                    assert_eq!(limits.remaining, calls - 1);
+                    let resets = limits.resets_at.as_ref().unwrap();
+                    let at = response.at.as_ref().unwrap();
+                    let window = i64::try_from(limits.window_ms).unwrap();
+                    assert_eq!(
+                        resets.seconds * 1000 + i64::from(resets.nanos / 1_000_000),
+                        at.seconds * 1000 + i64::from(at.nanos / 1_000_000) + window
+                    );
+                }
+            }
+            None => {
+                assert!(decision.account.is_none() && decision.limits.is_none() && decision.tool.is_none());
+            }
+        }
+        ids.push((response.decision_id.clone(), outcome, code));
+    }
+
+    // The secret reference of the allow, verbatim from the artifact.
+    let response = harness
+        .decide(for_capability(support(), "tickets.issue.read"))
+        .await
+        .unwrap();
+    assert_eq!(
+        decision(&response).account.as_ref().unwrap().secret_ref,
+        "vault://secret/mcp/helpdesk-ro#token"
+    );
+
+    // One audit record per decision, with what the response said.
+    let audit = harness.audit().await;
+    for (id, outcome, code) in &ids {
+        let record = audit
+            .iter()
+            .find(|record| &record.decision_id == id)
+            .unwrap_or_else(|| panic!("no audit record for {id}"));
+        let expected_outcome = if *outcome == Allow { "allow" } else { "deny" };
+        assert_eq!(record.outcome, expected_outcome);
+        assert_eq!(
+            record.code.as_deref(),
+            Some(
+                code.as_str_name()
+                    .trim_start_matches("REASON_CODE_")
+                    .to_lowercase()
+                    .as_str()
+            )
+        );
+        assert_eq!(record.kind, "decide");
+        assert_eq!(record.gateway, "loopback");
+        assert_eq!(record.policy_revision, Some(1));
+        assert_eq!(record.account_id.is_some(), *outcome == Allow);
+    }
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_unknown_tools_and_unauthenticated_callers() {
+    let harness = Harness::start(|_| {}).await;
+    harness.publish(POLICY, Some(CATALOG)).await.unwrap();
+
+    let stdio = harness
+        .decide(for_tool(support(), "helpdesk__get_ticket"))
+        .await
+        .unwrap();
+    let tool = decision(&stdio).tool.clone().expect("the tool on an allow");
+    assert_eq!(
+        (
+            tool.exposed_name.as_str(),
+            tool.upstream.as_str(),
+            tool.name.as_str(),
+            tool.capability.as_str()
+        ),
+        (
+            "helpdesk__get_ticket",
+            "helpdesk",
+            "get_ticket",
+            "tickets.issue.read"
+        )
+    );
+    match tool.transport.and_then(|t| t.kind) {
+        Some(transport::Kind::Stdio(stdio)) => {
+            assert_eq!(stdio.command, "helpdesk-mcp");
+            assert_eq!(stdio.args, ["--region", "eu-west-1"]);
+        }
+        other => panic!("expected stdio, got {other:?}"),
+    }
+    let http = harness
+        .decide(for_tool(support(), "helpdesk-legacy__fetch_case"))
+        .await
+        .unwrap();
+    match decision(&http)
+        .tool
+        .clone()
+        .and_then(|t| t.transport)
+        .and_then(|t| t.kind)
+    {
+        Some(transport::Kind::Http(http)) => assert_eq!(http.url, "https://legacy-helpdesk.example.net/mcp"),
+        other => panic!("expected http, got {other:?}"),
+    }
+    // A deny through a tool names no tool.
+    let denied = harness
+        .decide(for_tool(support(), "helpdesk__comment_ticket"))
+        .await
+        .unwrap();
+    assert_eq!(summary(&denied).1, ReasonCode::NoGrantMatches);
+    assert!(decision(&denied).tool.is_none());
+
+    // In the catalog but unmapped: it does not exist for clients.
+    let unknown = harness
+        .decide(for_tool(support(), "helpdesk__delete_ticket"))
+        .await
+        .unwrap();
+    match &unknown.result {
+        Some(decide_response::Result::UnknownTool(tool)) => assert_eq!(tool.name, "helpdesk__delete_ticket"),
+        other => panic!("expected unknown_tool, got {other:?}"),
+    }
+
+    let problem = |response: &DecideResponse| match &response.result {
+        Some(decide_response::Result::Unauthenticated(u)) => u.problem(),
+        other => panic!("expected unauthenticated, got {other:?}"),
+    };
+    let stranger = harness
+        .decide(for_capability(
+            principal("partners", "zed", &[]),
+            "docs.page.search",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(problem(&stranger), AuthProblem::IssuerUnknown);
+    let blank = harness
+        .decide(for_capability(principal("staff", " \t", &[]), "docs.page.search"))
+        .await
+        .unwrap();
+    assert_eq!(problem(&blank), AuthProblem::CredentialMissing);
+
+    let audit = harness.audit().await;
+    let find = |id: &str| {
+        audit
+            .iter()
+            .find(|r| r.decision_id == id)
+            .expect("recorded")
+            .clone()
+    };
+    let record = find(&unknown.decision_id);
+    assert_eq!(
+        (
+            record.outcome.as_str(),
+            record.tool.as_deref(),
+            record.account_id.as_deref()
+        ),
+        ("unknown_tool", Some("helpdesk__delete_ticket"), None)
+    );
+    let record = find(&stranger.decision_id);
+    assert_eq!(
+        (
+            record.outcome.as_str(),
+            record.code.as_deref(),
+            record.issuer.as_deref()
+        ),
+        ("unauthenticated", Some("issuer_unknown"), Some("partners"))
+    );
+    let record = find(&stdio.decision_id);
+    assert_eq!(record.tool.as_deref(), Some("helpdesk__get_ticket"));
+    assert_eq!(record.capability.as_deref(), Some("tickets.issue.read"));
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ceiling_of_l_allows_exactly_l_calls() {
+    let harness = Harness::start(|_| {}).await;
+    harness
+        .publish(&example_with_ceiling(3), Some(CATALOG))
+        .await
+        .unwrap();
+    let mut remaining = Vec::new();
+    let mut codes = Vec::new();
+    for _ in 0..5 {
+        let response = harness
+            .decide(for_capability(support(), "tickets.issue.read"))
+            .await
+            .unwrap();
+        codes.push(summary(&response).1);
+        remaining.push(decision(&response).limits.as_ref().map(|l| l.remaining));
+    }
+    use ReasonCode::{Granted, LimitExhausted};
+    assert_eq!(codes, [Granted, Granted, Granted, LimitExhausted, LimitExhausted]);
+    assert_eq!(remaining, [Some(2), Some(1), Some(0), None, None]);
+    // Another principal has a counter of its own.
+    let other = harness
+        .decide(for_capability(
+            principal("staff", "zoe", &[("dept", &["support"])]),
+            "tickets.issue.read",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(summary(&other).1, Granted);
+
+    let audit = harness.audit().await;
+    let mut used: Vec<(String, Option<u64>)> = audit
+        .iter()
+        .filter(|r| r.principal_id.as_deref() == Some("staff:ana"))
+        .map(|r| (r.code.clone().unwrap(), r.usage_calls))
+        .collect();
+    used.sort();
+    assert_eq!(
+        used,
+        [
+            ("granted".to_owned(), Some(1)),
+            ("granted".to_owned(), Some(2)),
+            ("granted".to_owned(), Some(3)),
+            ("limit_exhausted".to_owned(), Some(3)),
+            ("limit_exhausted".to_owned(), Some(3)),
+        ]
+    );
+    assert!(audit
+        .iter()
+        .all(|r| r.limit_calls == Some(3) && r.limit_per.as_deref() == Some("1h")));
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_never_exceed_the_ceiling() {
+    let harness = Harness::start(|config| config.store_timeout = Duration::from_secs(5)).await;
+    harness
+        .publish(&example_with_ceiling(10), Some(CATALOG))
+        .await
+        .unwrap();
+    let calls = (0..40).map(|_| {
+        let mut client = harness.decisions();
+        async move {
+            client
+                .decide(for_capability(support(), "tickets.issue.read"))
+                .await
+                .map(tonic::Response::into_inner)
+        }
+    });
+    let mut tasks = Vec::new();
+    for call in calls {
+        tasks.push(tokio::spawn(call));
+    }
+    let mut granted = 0;
+    for task in tasks {
+        let response = task.await.unwrap().unwrap();
+        if summary(&response).1 == ReasonCode::Granted {
+            granted += 1;
+        }
+    }
+    assert_eq!(granted, 10);
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_request_id_returns_the_original_and_consumes_nothing() {
+    let harness = Harness::start(|_| {}).await;
+    harness
+        .publish(&example_with_ceiling(2), Some(CATALOG))
+        .await
+        .unwrap();
+    let with_id = |id: &str| DecideRequest {
+        request_id: id.into(),
+        ..for_capability(support(), "tickets.issue.read")
+    };
+    let first = harness.decide(with_id("req-1")).await.unwrap();
+    let retry = harness.decide(with_id("req-1")).await.unwrap();
+    assert_eq!(retry, first);
+    assert_eq!(decision(&first).limits.as_ref().map(|l| l.remaining), Some(1));
+    // One call was consumed, not two: one more allow, then the ceiling.
+    let second = harness.decide(with_id("req-2")).await.unwrap();
+    assert_eq!(summary(&second).1, ReasonCode::Granted);
+    let third = harness.decide(with_id("req-3")).await.unwrap();
+    assert_eq!(summary(&third).1, ReasonCode::LimitExhausted);
+    // Each request id was recorded once.
+    let audit = harness.audit().await;
+    assert_eq!(audit.len(), 3);
+    assert_eq!(
+        audit
+            .iter()
+            .filter(|r| r.request_id.as_deref() == Some("req-1"))
+            .count(),
+        1
+    );
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_decisions_each_get_exactly_one_audit_record() {
+    let harness = Harness::start(|config| config.store_timeout = Duration::from_secs(5)).await;
+    harness.publish(POLICY, Some(CATALOG)).await.unwrap();
+    let requests = [
+        for_capability(support(), "tickets.issue.read"),
+        for_capability(support(), "tickets.issue.write"),
+        for_tool(support(), "knowledge__search_pages"),
+        for_tool(support(), "nowhere__nothing"),
+        for_capability(principal("partners", "x", &[]), "docs.page.search"),
+    ];
+    let count = 100;
+    let mut tasks = Vec::new();
+    for index in 0..count {
+        let request = requests[index % requests.len()].clone();
+        let mut client = harness.decisions();
+        tasks.push(tokio::spawn(async move {
+            client.decide(request).await.map(tonic::Response::into_inner)
+        }));
+    }
+    let mut responses = Vec::new();
+    for task in tasks {
+        responses.push(task.await.unwrap().unwrap());
+    }
+    let audit = harness.audit().await;
+    assert_eq!(audit.len(), count);
+    for response in &responses {
+        let record = audit
+            .iter()
+            .find(|r| r.decision_id == response.decision_id)
+            .expect("every answer has its record");
+        let expected = match &response.result {
+            Some(decide_response::Result::Decision(d)) if d.outcome() == Outcome::Allow => "allow",
+            Some(decide_response::Result::Decision(_)) => "deny",
+            Some(decide_response::Result::Unauthenticated(_)) => "unauthenticated",
+            Some(decide_response::Result::UnknownTool(_)) => "unknown_tool",
+            None => panic!("an empty response"),
+        };
+        assert_eq!(record.outcome, expected);
+    }
+    harness.stop().await;
+}
+
+// ── Counter and audit store failures ──────────────────────────────────────
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_counter_store_denies_capped_calls_and_allows_uncapped_ones() {
+    let harness = Harness::start(|_| {}).await;
+    harness.publish(POLICY, Some(CATALOG)).await.unwrap();
+    let payments = || {
+        for_capability(
+            principal(
+                "mesh",
+                "CN=pay",
+                &[("org", &["Acme Corp"]), ("unit", &["payments"])],
+            ),
+            "billing.refund.create",
+        )
+    };
+    let usage_unknown = (
+        Outcome::Deny,
+        ReasonCode::UsageUnknown,
+        "/grants/7".to_owned(),
+        "payments-bot".to_owned(),
+    );
+    // A read that fails is unknown usage, never zero (a reader that answered
+    // 0 here would let the consumption below go through and allow).
+    harness.store.reads_down.store(true, Ordering::SeqCst);
+    assert_eq!(summary(&harness.decide(payments()).await.unwrap()), usage_unknown);
+    harness.store.reads_down.store(false, Ordering::SeqCst);
+    // A consumption that fails is unknown usage too.
+    harness.store.consumes_down.store(true, Ordering::SeqCst);
+    assert_eq!(summary(&harness.decide(payments()).await.unwrap()), usage_unknown);
+    // An uncapped grant does not need the counter store at all.
+    harness.store.reads_down.store(true, Ordering::SeqCst);
+    let uncapped = harness
+        .decide(for_capability(principal("staff", "dee", &[]), "docs.page.search"))
+        .await
+        .unwrap();
+    assert_eq!(summary(&uncapped).1, ReasonCode::Granted);
+    harness.store.reads_down.store(false, Ordering::SeqCst);
+    harness.store.consumes_down.store(false, Ordering::SeqCst);
+    // Nothing was counted while it failed: the first counted call opens the window.
+    let recovered = harness.decide(payments()).await.unwrap();
+    assert_eq!(summary(&recovered).1, ReasonCode::Granted);
+    assert_eq!(
+        decision(&recovered).limits.as_ref().map(|l| l.remaining),
+        Some(19)
+    );
+    let audit = harness.audit().await;
+    assert_eq!(
+        audit
+            .iter()
+            .filter(|r| r.code.as_deref() == Some("usage_unknown"))
+            .count(),
+        2
+    );
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_spool_an_unwritable_audit_fails_the_call() {
+    let harness = Harness::start(|_| {}).await;
+    harness.publish(POLICY, Some(CATALOG)).await.unwrap();
+    harness.store.audit_down.store(true, Ordering::SeqCst);
+    let status = harness
+        .decide(for_capability(principal("staff", "dee", &[]), "docs.page.search"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    harness.store.audit_down.store(false, Ordering::SeqCst);
+    assert!(harness.audit().await.is_empty());
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_spool_decisions_go_on_and_records_arrive_later() {
+    let spool = tempfile::tempdir().unwrap();
+    let spool_dir = spool.path().to_owned();
+    let harness = Harness::start(|config| {
+        config.audit_spool = Some(spool_dir.clone());
+        config.audit_timeout = Duration::from_millis(200);
+    })
+    .await;
+    harness.publish(POLICY, Some(CATALOG)).await.unwrap();
+    harness.store.audit_down.store(true, Ordering::SeqCst);
+    let answered = harness
+        .decide(for_capability(principal("staff", "dee", &[]), "docs.page.search"))
+        .await
+        .unwrap();
+    assert_eq!(summary(&answered).1, ReasonCode::Granted);
+    let spooled: usize = std::fs::read_dir(&spool_dir)
+        .unwrap()
+        .map(|entry| {
+            std::fs::read_to_string(entry.unwrap().path())
+                .unwrap()
+                .lines()
+                .count()
+        })
+        .sum();
+    assert_eq!(spooled, 1);
+    assert!(harness.audit().await.is_empty());
+
+    harness.store.audit_down.store(false, Ordering::SeqCst);
+    let mut replayed = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if harness
+            .audit()
+            .await
+            .iter()
+            .any(|r| r.decision_id == answered.decision_id)
+        {
+            replayed = true;
+            break;
+        }
+    }
+    assert!(replayed, "the spooled record reaches the store");
+    assert_eq!(
+        std::fs::read_dir(&spool_dir).unwrap().count(),
+        0,
+        "the spool is emptied"
+    );
+    harness.stop().await;
+}
+
+// ── ListVisible ───────────────────────────────────────────────────────────
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_visible_lists_tools_in_catalog_order_and_records_each_capability() {
+    let harness = Harness::start(|_| {}).await;
+    harness.publish(POLICY, Some(CATALOG)).await.unwrap();
+    let response = harness
+        .decisions()
+        .list_visible(ListVisibleRequest {
+            caller: Some(list_visible_request::Caller::Principal(principal(
+                "staff",
+                "bo",
+                &[("dept", &["support"]), ("level", &["senior"])],
+            ))),
+            request_id: "list-1".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(list_visible_response::Result::Visible(visible)) = &response.result else {
+        panic!("expected a listing, got {:?}", response.result);
+    };
+    let tools: Vec<&str> = visible.tools.iter().map(|t| t.exposed_name.as_str()).collect();
+    assert_eq!(
+        tools,
+        [
+            "helpdesk__comment_ticket",
+            "helpdesk__get_ticket",
+            "helpdesk__list_tickets",
+            "helpdesk-legacy__fetch_case",
+            "knowledge__search_pages",
+            "knowledge__semantic_search",
+        ]
+    );
+    assert!(visible.tools[1].input_schema_json.contains("ticketId"));
+    let capabilities: Vec<(&str, &str)> = visible
+        .capabilities
+        .iter()
+        .map(|c| (c.capability.as_str(), c.path.as_str()))
+        .collect();
+    assert_eq!(
+        capabilities,
+        [
+            ("tickets.issue.read", "/grants/0"),
+            ("tickets.issue.write", "/grants/1"),
+            ("docs.page.search", "/grants/3"),
+        ]
+    );
+    let audit = harness.audit().await;
+    assert_eq!(audit.len(), 3);
+    for capability in &visible.capabilities {
+        let record = audit
+            .iter()
+            .find(|r| r.decision_id == capability.decision_id)
+            .expect("one record per visible capability");
+        assert_eq!(
+            (
+                record.kind.as_str(),
+                record.outcome.as_str(),
+                record.capability.as_deref()
+            ),
+            ("list", "allow", Some(capability.capability.as_str()))
+        );
+        assert_eq!(record.request_id.as_deref(), Some("list-1"));
+    }
+    // A listing consults no ceiling: the suspended grant still lists its tool.
+    let finance = harness
+        .decisions()
+        .list_visible(ListVisibleRequest {
+            caller: Some(list_visible_request::Caller::Principal(principal(
+                "staff",
+                "fin",
+                &[("dept", &["finance"])],
+            ))),
+            request_id: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(list_visible_response::Result::Visible(visible)) = &finance.result else {
+        panic!("expected a listing");
+    };
+    assert!(visible
+        .tools
+        .iter()
+        .any(|t| t.exposed_name == "payments__issue_refund"));
+    harness.stop().await;
+}
+
+// ── Bounds ────────────────────────────────────────────────────────────────
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_bound_is_invalid_argument_naming_the_field() {
+    let harness = Harness::start(|_| {}).await;
+    harness.publish(POLICY, Some(CATALOG)).await.unwrap();
+    let long = |n: usize| "x".repeat(n);
+    let many = |n: usize| -> Vec<(String, Vec<String>)> {
+        (0..n).map(|i| (format!("a{i}"), vec!["v".to_owned()])).collect()
+    };
+    let asserted = |subject: String, attributes: Vec<(String, Vec<String>)>| AssertedPrincipal {
+        issuer: "staff".into(),
+        subject,
+        attributes: attributes
+            .into_iter()
+            .map(|(name, values)| Attribute { name, values })
+            .collect(),
+    };
+    let cases: Vec<(DecideRequest, &str)> = vec![
+        (
+            for_capability(asserted(long(1025), vec![]), "docs.page.search"),
+            "principal.subject",
+        ),
+        (
+            for_capability(
+                AssertedPrincipal {
+                    issuer: long(513),
+                    ..asserted("ana".into(), vec![])
+                },
+                "docs.page.search",
+            ),
+            "principal.issuer",
+        ),
+        (
+            for_capability(asserted("ana".into(), many(65)), "docs.page.search"),
+            "principal.attributes",
+        ),
+        (
+            for_capability(
+                asserted("ana".into(), vec![(long(1025), vec!["v".into()])]),
+                "docs.page.search",
+            ),
+            "principal.attributes[0].name",
+        ),
+        (
+            for_capability(
+                asserted("ana".into(), vec![("dept".into(), vec![long(1025)])]),
+                "docs.page.search",
+            ),
+            "principal.attributes[0].values[0]",
+        ),
+        (
+            for_capability(
+                asserted("ana".into(), vec![("dept".into(), vec!["v".into(); 65])]),
+                "docs.page.search",
+            ),
+            "principal.attributes[0].values",
+        ),
+        (for_capability(support(), &long(513)), "capability"),
+        (for_tool(support(), &long(513)), "tool"),
+        (
+            DecideRequest {
+                request_id: long(129),
+                ..for_capability(support(), "docs.page.search")
+            },
+            "request_id",
+        ),
+        (
+            DecideRequest {
+                caller: None,
+                ..for_capability(support(), "docs.page.search")
+            },
+            "principal",
+        ),
+        (
+            DecideRequest {
+                target: None,
+                ..for_capability(support(), "docs.page.search")
+            },
+            "target",
+        ),
+    ];
+    for (request, field) in cases {
+        let status = harness.decide(request).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{field}");
+        assert_eq!(violations(&status), [field]);
+        assert!(
+            status.message().contains(&format!("`{field}`")),
+            "{}",
+            status.message()
+        );
+    }
+    // At the limits, a request is fine.
+    let edge = for_capability(asserted(long(1024), many(64)), "docs.page.search");
+    assert!(harness.decide(edge).await.is_ok());
+
+    let listing = harness
+        .decisions()
+        .list_visible(ListVisibleRequest {
+            caller: None,
+            request_id: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(violations(&listing), ["principal"]);
+
+    // An artifact over 8 MiB never reaches the compiler.
+    let huge = format!("{POLICY}\n#{}\n", long(8 * 1024 * 1024));
+    let status = harness.publish(&huge, None).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(violations(&status), ["artifact"]);
+    // Nothing was recorded for refused requests.
+    assert_eq!(harness.audit().await.len(), 1);
+    harness.stop().await;
+}
+
+// ── Who may call ──────────────────────────────────────────────────────────
+
+fn with_token<T>(message: T, token: &str) -> Request<T> {
+    let mut request = Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    request
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_required_and_roles_enforced() {
+    let harness = Harness::start(|config| {
+        config.gateway_tokens = vec![Token::new("edge-gw", b"gateway-secret")];
+        config.admin_tokens = vec![Token::new("ops", b"admin-secret")];
+    })
+    .await;
+    let publish = || PublishPolicyRequest {
+        artifact: POLICY.into(),
+        catalog: Some(CATALOG.into()),
+        ..Default::default()
+    };
+    let mut policies = harness.policies();
+    let no_token = policies.publish_policy(publish()).await.unwrap_err();
+    assert_eq!(no_token.code(), Code::Unauthenticated);
+    let gateway = policies
+        .publish_policy(with_token(publish(), "gateway-secret"))
+        .await
+        .unwrap_err();
+    assert_eq!(gateway.code(), Code::PermissionDenied);
+    let reading = policies
+        .list_policy_versions(with_token(
+            ListPolicyVersionsRequest { limit: 0 },
+            "gateway-secret",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(reading.code(), Code::PermissionDenied);
+    assert!(harness.store.list_policies(10).await.unwrap().is_empty());
+    let published = policies
+        .publish_policy(with_token(publish(), "admin-secret"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(published.revision, 1);
+
+    let mut decisions = harness.decisions();
+    let ask = || for_capability(support(), "docs.page.search");
+    let missing = decisions.decide(ask()).await.unwrap_err();
+    assert_eq!(missing.code(), Code::Unauthenticated);
+    let wrong = decisions
+        .decide(with_token(ask(), "gateway-secreT"))
+        .await
+        .unwrap_err();
+    assert_eq!(wrong.code(), Code::Unauthenticated);
+    assert!(!wrong.message().contains("gateway-secreT"));
+    let answered = decisions
+        .decide(with_token(ask(), "gateway-secret"))
+        .await
+        .unwrap()
+        .into_inner();
+    let by_admin = decisions
+        .decide(with_token(ask(), "admin-secret"))
+        .await
+        .unwrap()
+        .into_inner();
+
+    let audit = harness.audit().await;
+    assert_eq!(audit.len(), 2, "refused calls write nothing");
+    let gateway_of = |id: &str| {
+        audit
+            .iter()
+            .find(|r| r.decision_id == id)
+            .map(|r| r.gateway.clone())
+    };
+    assert_eq!(gateway_of(&answered.decision_id).as_deref(), Some("edge-gw"));
+    assert_eq!(gateway_of(&by_admin.decision_id).as_deref(), Some("ops"));
+    let version = harness.store.active_policy().await.unwrap().unwrap();
+    assert_eq!(version.author, "ops");
+    // No token value ever reaches the audit trail.
+    let everything = format!("{audit:?}");
+    assert!(!everything.contains("gateway-secret") && !everything.contains("admin-secret"));
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_addresses_without_tokens_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite(&dir).await;
+    let config = Config::new(vec!["127.0.0.1:0".parse().unwrap(), "0.0.0.0:0".parse().unwrap()]);
+    match server::start(store.clone(), config).await {
+        Err(StartError::Config(ConfigError::UnauthenticatedNetwork(addr))) => {
+            assert_eq!(addr, "0.0.0.0:0".parse().unwrap());
+        }
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("started on 0.0.0.0 without tokens"),
+    }
+    // With a token, the same addresses are fine.
+    let mut config = Config::new(vec!["0.0.0.0:0".parse().unwrap()]);
+    config.gateway_tokens.push(Token::new("gw", b"s"));
+    let running = server::start(store, config).await.expect("starts with tokens");
+    running.stop().await.unwrap();
+}
+
+// ── Operations ────────────────────────────────────────────────────────────
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_follows_the_active_policy_and_reflection_lists_the_services() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+
+    let harness = Harness::start(|_| {}).await;
+    let mut health = HealthClient::new(harness.channel.clone());
+    let status = |name: &str| {
+        let mut health = health.clone();
+        let name = name.to_owned();
+        async move {
+            health
+                .check(HealthCheckRequest { service: name })
+                .await
+                .unwrap()
+                .into_inner()
+                .status()
+        }
+    };
+    let names = ["", "capgate.v1.DecisionService", "capgate.v1.PolicyService"];
+    for name in names {
+        assert_eq!(status(name).await, ServingStatus::NotServing, "{name:?}");
+    }
+    // Fail closed: no policy, no decisions.
+    let refused = harness
+        .decide(for_capability(support(), "docs.page.search"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable);
+    assert!(harness.audit().await.is_empty());
+
+    harness.publish(POLICY, Some(CATALOG)).await.unwrap();
+    for name in names {
+        assert_eq!(status(name).await, ServingStatus::Serving, "{name:?}");
+    }
+    let _ = health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap();
+
+    // Reflection: what `grpcurl list` shows.
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    let mut reflection = ServerReflectionClient::new(harness.channel.clone());
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = reflection
+        .server_reflection_info(tokio_stream::iter(vec![request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let answer = answers.message().await.unwrap().expect("one answer");
+    let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+        panic!("expected a service list");
+    };
+    let mut services: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    services.sort();
+    for expected in [
+        "capgate.v1.DecisionService",
+        "capgate.v1.PolicyService",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(
+            services.iter().any(|s| s == expected),
+            "{expected} in {services:?}"
+        );
+    }
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_finishes_in_flight_calls_and_flushes_the_audit() {
+    let harness = Harness::start(|_| {}).await;
+    harness.publish(POLICY, Some(CATALOG)).await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let mut client = harness.decisions();
+        tasks.push(tokio::spawn(async move {
+            client
+                .decide(for_capability(principal("staff", "dee", &[]), "docs.page.search"))
+                .await
+        }));
+    }
+    let Harness {
+        running, store, dir, ..
+    } = harness;
+    // Let the calls reach the server, then stop it while some are in flight.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    running.unwrap().stop().await.expect("a clean stop");
+    let mut answered = Vec::new();
+    for task in tasks {
+        if let Ok(response) = task.await.unwrap() {
+            answered.push(response.into_inner().decision_id);
+        }
+    }
+    let audit = store
+        .query_audit(&AuditFilter {
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    for id in &answered {
+        assert!(
+            audit.iter().any(|r| &r.decision_id == id),
+            "answered {id} without a record"
+        );
+    }
+    drop(dir);
+}
+
+// ── The command line against a server ─────────────────────────────────────
+
+/// Runs `capgate ARGS` in this process, on a thread of its own (the service
+/// commands start their own runtime).
+fn capgate(args: &[&str]) -> capgate::periphery::cli::Outcome {
+    let args: Vec<String> = std::iter::once("capgate")
+        .chain(args.iter().copied())
+        .map(str::to_owned)
+        .collect();
+    std::thread::spawn(move || capgate::periphery::cli::run(args, &mut std::io::empty()))
+        .join()
+        .expect("the command does not panic")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_line_publishes_lists_activates_and_reads_the_audit() {
+    use capgate::periphery::cli::Exit;
+
+    let harness = Harness::start(|_| {}).await;
+    let server = format!("http://{}", harness.running.as_ref().unwrap().addrs[0]);
+    let files = harness.dir.path();
+    let write = |name: &str, text: &str| {
+        let path = files.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let good = write("policy.yaml", POLICY);
+    let tighter = write("tighter.yaml", &example_with_ceiling(300));
+    let catalog = write("catalog.yaml", CATALOG);
+    let bad = write(
+        "bad.yaml",
+        &POLICY.replacen("using: helpdesk-reader", "using: docs-writer", 1),
+    );
+
+    // Rejected: the diagnostics as `validate` prints them, exit 1.
+    let rejected = capgate(&["publish", &bad, "--server", &server]);
+    assert_eq!(rejected.exit, Exit::Findings, "{rejected:?}");
+    assert!(
+        rejected
+            .stdout
+            .contains(&format!("{bad}:129:12  error  unknown_account_in_grant")),
+        "{}",
+        rejected.stdout
+    );
+    assert!(
+        rejected.stdout.contains("using: docs-writer"),
+        "the source line is shown"
+    );
+
+    let published = capgate(&[
+        "publish",
+        &good,
+        "--catalog",
+        &catalog,
+        "--server",
+        &server,
+        "--comment",
+        "first",
+    ]);
+    assert_eq!(published.exit, Exit::Done, "{published:?}");
+    assert!(
+        published.stdout.contains("published: revision 1"),
+        "{}",
+        published.stdout
+    );
+    assert!(
+        published.stdout.contains("catalog_tool_unmapped"),
+        "warnings are shown"
+    );
+
+    let conflict = capgate(&[
+        "publish",
+        &tighter,
+        "--catalog",
+        &catalog,
+        "--server",
+        &server,
+        "--expected-revision",
+        "0",
+    ]);
+    assert_eq!(conflict.exit, Exit::Findings);
+    assert!(
+        conflict.stderr.contains("not the expected revision 0"),
+        "{}",
+        conflict.stderr
+    );
+
+    let dry = capgate(&[
+        "publish",
+        &tighter,
+        "--catalog",
+        &catalog,
+        "--server",
+        &server,
+        "--dry-run",
+    ]);
+    assert_eq!(dry.exit, Exit::Done);
+    assert!(
+        dry.stdout.contains("dry run:") && dry.stdout.contains("3 decisions change"),
+        "{}",
+        dry.stdout
+    );
+
+    let second = capgate(&["publish", &tighter, "--catalog", &catalog, "--server", &server]);
+    assert!(
+        second.stdout.contains("published: revision 2"),
+        "{}",
+        second.stdout
+    );
+
+    let listed = capgate(&["policies", "list", "--server", &server]);
+    assert_eq!(listed.exit, Exit::Done);
+    let lines: Vec<&str> = listed.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", listed.stdout);
+    assert!(
+        lines[0].starts_with("*     2") && lines[1].starts_with("      1"),
+        "{}",
+        listed.stdout
+    );
+    assert!(lines[1].ends_with("loopback  first"), "{}", listed.stdout);
+
+    let rolled = capgate(&["policies", "activate", "1", "--server", &server]);
+    assert_eq!(rolled.exit, Exit::Done, "{rolled:?}");
+    assert!(rolled.stdout.contains("activated: revision 1"));
+    let missing = capgate(&["policies", "activate", "9", "--server", &server]);
+    assert_eq!(missing.exit, Exit::Input);
+    assert!(missing.stderr.contains("not found"), "{}", missing.stderr);
+
+    // One decision, then the audit trail from the store.
+    harness
+        .decide(for_capability(support(), "tickets.issue.read"))
+        .await
+        .unwrap();
+    harness
+        .decide(for_capability(support(), "tickets.issue.write"))
+        .await
+        .unwrap();
+    let url = format!("sqlite://{}", files.join("capgate.db").display());
+    let denied = capgate(&["audit", "--outcome", "deny", "--json", "--database-url", &url]);
+    assert_eq!(denied.exit, Exit::Done, "{denied:?}");
+    let records: serde_json::Value = serde_json::from_str(&denied.stdout).unwrap();
+    let records = records.as_array().unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0]["code"], "no_grant_matches");
+    assert_eq!(records[0]["principal_id"], "staff:ana");
+    let human = capgate(&["audit", "--principal", "staff:ana", "--database-url", &url]);
+    assert_eq!(human.stdout.lines().count(), 2, "{}", human.stdout);
+    assert!(human.stdout.contains("allow") && human.stdout.contains("account=helpdesk-reader"));
+    let unreachable = capgate(&["policies", "list", "--server", "http://127.0.0.1:1"]);
+    assert_eq!(unreachable.exit, Exit::Input);
+    harness.stop().await;
+}

@@ -1,0 +1,1081 @@
+//! The store's behavioural suite: one set of scenarios, each run against
+//! SQLite and against PostgreSQL (STYLE.md, "interchangeable peripheries").
+//!
+//! Every scenario is an `async fn name<S: Store>(store: S)` (or
+//! `(store: S, replica: S)` when two replicas must race), and `suite!` runs
+//! it twice, as `sqlite::name` and `postgres::name`:
+//!
+//! * SQLite: a fresh database file under the temporary directory, removed
+//!   afterwards.
+//! * PostgreSQL: a fresh database `capgate_test_…` on the server in
+//!   `DATABASE_URL`, dropped afterwards. Without `DATABASE_URL` the
+//!   PostgreSQL variants say they were skipped and pass — unless
+//!   `CAPGATE_REQUIRE_POSTGRES=1` (scripts/test.sh sets it), where the
+//!   absence fails them.
+//!
+//! `replica` is a second store opened on the same database, as another
+//! process would. A few tests at the end are specific to one dialect
+//! (notifications, the journal mode, URL handling).
+
+#![cfg(feature = "server")]
+// Tests read the environment and the clock, and create and remove files.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use capgate::periphery::store::{
+    connect, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Consumed, Counted, CounterKey, NewPolicy,
+    PostgresStore, PublishOutcome, Remembered, SqliteStore, Store, StoreOptions, StoredPolicy,
+};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
+
+// ── The suite ─────────────────────────────────────────────────────────────
+
+macro_rules! suite {
+    (single: [$($one:ident),* $(,)?], pair: [$($two:ident),* $(,)?] $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $one() {
+                    super::on_sqlite(|store, _replica| super::$one(store)).await;
+                }
+            )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $two() {
+                    super::on_sqlite(super::$two).await;
+                }
+            )*
+        }
+
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $one() {
+                    super::on_postgres(|store, _replica, _database| super::$one(store)).await;
+                }
+            )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $two() {
+                    super::on_postgres(|store, replica, _database| super::$two(store, replica)).await;
+                }
+            )*
+        }
+    };
+}
+
+suite! {
+    single: [
+        migrating_again_changes_nothing,
+        nothing_is_active_at_first,
+        publishing_stores_and_activates,
+        identical_content_is_a_no_op,
+        publish_compares_and_sets,
+        versions_list_newest_first,
+        activating_rolls_back,
+        first_call_opens_a_window,
+        calls_stop_at_the_ceiling,
+        an_expired_window_restarts,
+        a_window_starting_later_has_not_expired,
+        a_zero_ceiling_takes_nothing,
+        audit_records_round_trip,
+        audit_queries_filter,
+        appending_again_changes_nothing,
+        a_failed_batch_leaves_nothing,
+        remembered_responses_round_trip,
+    ],
+    pair: [
+        concurrent_publishes_one_wins,
+        the_ceiling_holds_under_concurrency,
+    ],
+}
+
+// ── Policy versions ───────────────────────────────────────────────────────
+
+async fn migrating_again_changes_nothing<S: Store>(store: S) {
+    let published = activated(store.publish(policy(1), None).await.expect("publish"));
+    store.migrate().await.expect("second migration");
+    store.migrate().await.expect("third migration");
+    assert_eq!(
+        store.active_policy().await.expect("active"),
+        Some(published.clone())
+    );
+    assert_eq!(store.list_policies(10).await.expect("list"), vec![published]);
+}
+
+async fn nothing_is_active_at_first<S: Store>(store: S) {
+    assert_eq!(store.active_policy().await.expect("active"), None);
+    assert_eq!(store.list_policies(10).await.expect("list"), vec![]);
+    assert_eq!(store.policy(1).await.expect("policy"), None);
+    assert_eq!(store.policy(u64::MAX).await.expect("policy"), None);
+}
+
+async fn publishing_stores_and_activates<S: Store>(store: S) {
+    let first = activated(store.publish(policy(1), None).await.expect("publish"));
+    assert_eq!(first, stored(1, policy(1)));
+    assert_eq!(store.active_policy().await.expect("active"), Some(first.clone()));
+    assert_eq!(store.policy(1).await.expect("policy"), Some(first.clone()));
+
+    let with_catalog = NewPolicy {
+        catalog: Some("tools: []\n".to_owned()),
+        ..policy(2)
+    };
+    let second = activated(store.publish(with_catalog.clone(), None).await.expect("publish"));
+    assert_eq!(second, stored(2, with_catalog));
+    assert_eq!(store.active_policy().await.expect("active"), Some(second));
+    assert_eq!(store.policy(1).await.expect("policy"), Some(first));
+}
+
+async fn identical_content_is_a_no_op<S: Store>(store: S) {
+    let first = activated(store.publish(policy(1), None).await.expect("publish"));
+    // Only the version and the catalog count: author, comment and time do not.
+    let again = NewPolicy {
+        author: "bob".to_owned(),
+        comment: "again".to_owned(),
+        created_at_ms: 9,
+        ..policy(1)
+    };
+    assert_eq!(
+        store.publish(again, None).await.expect("publish"),
+        PublishOutcome::Unchanged(first.clone())
+    );
+    // A stale expectation does not refuse what already holds.
+    assert_eq!(
+        store.publish(policy(1), Some(0)).await.expect("publish"),
+        PublishOutcome::Unchanged(first.clone())
+    );
+    assert_eq!(store.list_policies(10).await.expect("list"), vec![first.clone()]);
+
+    // Same artifact, another catalog: a new version.
+    let catalogued = NewPolicy {
+        catalog: Some("tools: []\n".to_owned()),
+        ..policy(1)
+    };
+    let second = activated(store.publish(catalogued, None).await.expect("publish"));
+    assert_eq!(second.revision, 2);
+    // Content equal to a stored but inactive version is stored again.
+    let third = activated(store.publish(policy(1), None).await.expect("publish"));
+    assert_eq!(third, stored(3, policy(1)));
+}
+
+async fn publish_compares_and_sets<S: Store>(store: S) {
+    assert_eq!(
+        store.publish(policy(1), Some(1)).await.expect("publish"),
+        PublishOutcome::Conflict { active: None }
+    );
+    let first = activated(store.publish(policy(1), Some(0)).await.expect("publish"));
+    assert_eq!(
+        store.publish(policy(2), Some(0)).await.expect("publish"),
+        PublishOutcome::Conflict { active: Some(1) }
+    );
+    assert_eq!(
+        store.publish(policy(2), Some(7)).await.expect("publish"),
+        PublishOutcome::Conflict { active: Some(1) }
+    );
+    // Nothing changed on conflict.
+    assert_eq!(store.active_policy().await.expect("active"), Some(first.clone()));
+    assert_eq!(store.list_policies(10).await.expect("list"), vec![first]);
+
+    let second = activated(store.publish(policy(2), Some(1)).await.expect("publish"));
+    assert_eq!(second.revision, 2);
+}
+
+async fn versions_list_newest_first<S: Store>(store: S) {
+    for n in 1..=3 {
+        store.publish(policy(n), None).await.expect("publish");
+    }
+    assert_eq!(
+        revisions(&store.list_policies(10).await.expect("list")),
+        [3, 2, 1]
+    );
+    assert_eq!(revisions(&store.list_policies(2).await.expect("list")), [3, 2]);
+    assert_eq!(revisions(&store.list_policies(0).await.expect("list")), [0u64; 0]);
+}
+
+async fn activating_rolls_back<S: Store>(store: S) {
+    let first = activated(store.publish(policy(1), None).await.expect("publish"));
+    let second = activated(store.publish(policy(2), None).await.expect("publish"));
+
+    assert_eq!(
+        store.activate(1, Some(2)).await.expect("activate"),
+        ActivateOutcome::Activated(first.clone())
+    );
+    assert_eq!(store.active_policy().await.expect("active"), Some(first.clone()));
+    // Already active: answered, whatever the expectation.
+    assert_eq!(
+        store.activate(1, Some(5)).await.expect("activate"),
+        ActivateOutcome::Activated(first.clone())
+    );
+    assert_eq!(
+        store.activate(2, Some(2)).await.expect("activate"),
+        ActivateOutcome::Conflict { active: Some(1) }
+    );
+    assert_eq!(
+        store.activate(99, None).await.expect("activate"),
+        ActivateOutcome::NotFound
+    );
+    assert_eq!(
+        store.activate(u64::MAX, None).await.expect("activate"),
+        ActivateOutcome::NotFound
+    );
+    assert_eq!(store.active_policy().await.expect("active"), Some(first));
+
+    assert_eq!(
+        store.activate(2, None).await.expect("activate"),
+        ActivateOutcome::Activated(second.clone())
+    );
+    assert_eq!(store.active_policy().await.expect("active"), Some(second));
+    assert_eq!(
+        store.list_policies(10).await.expect("list").len(),
+        2,
+        "activating stores nothing"
+    );
+}
+
+async fn concurrent_publishes_one_wins<S: Store>(store: S, replica: S) {
+    let mut active = 0;
+    for round in 0..10 {
+        let (left, right) = tokio::join!(
+            store.publish(policy(2 * round), Some(active)),
+            replica.publish(policy(2 * round + 1), Some(active)),
+        );
+        let outcomes = [left.expect("publish"), right.expect("publish")];
+        let winners: Vec<_> = outcomes
+            .iter()
+            .filter_map(|outcome| match outcome {
+                PublishOutcome::Activated(policy) => Some(policy.revision),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(winners.len(), 1, "round {round}: {outcomes:?}");
+        assert!(
+            outcomes.contains(&PublishOutcome::Conflict {
+                active: Some(winners[0])
+            }),
+            "round {round}: {outcomes:?}"
+        );
+        active = winners[0];
+    }
+    assert_eq!(store.list_policies(100).await.expect("list").len(), 10);
+}
+
+// ── Usage counters ────────────────────────────────────────────────────────
+
+const WINDOW_MS: u64 = 60_000;
+
+async fn first_call_opens_a_window<S: Store>(store: S) {
+    let key = CounterKey {
+        principal_id: "alice",
+        capability: "tickets.read",
+    };
+    assert_eq!(store.read_usage(key).await.expect("read"), None);
+    assert_eq!(taken(&store, key, 1_000, 3).await, counted(1, 1_000));
+    assert_eq!(
+        store.read_usage(key).await.expect("read"),
+        Some(counted(1, 1_000))
+    );
+}
+
+async fn calls_stop_at_the_ceiling<S: Store>(store: S) {
+    let key = CounterKey {
+        principal_id: "alice",
+        capability: "tickets.read",
+    };
+    assert_eq!(taken(&store, key, 1_000, 3).await, counted(1, 1_000));
+    assert_eq!(taken(&store, key, 2_000, 3).await, counted(2, 1_000));
+    assert_eq!(taken(&store, key, 3_000, 3).await, counted(3, 1_000));
+    assert_eq!(
+        store.consume(key, 4_000, WINDOW_MS, 3).await.expect("consume"),
+        Consumed::Refused
+    );
+    assert_eq!(
+        store.read_usage(key).await.expect("read"),
+        Some(counted(3, 1_000))
+    );
+    // A higher ceiling (a new policy) lets the same window go on.
+    assert_eq!(taken(&store, key, 5_000, 4).await, counted(4, 1_000));
+
+    // Counters are per principal and per capability.
+    let other_capability = CounterKey {
+        principal_id: "alice",
+        capability: "tickets.write",
+    };
+    let other_principal = CounterKey {
+        principal_id: "bob",
+        capability: "tickets.read",
+    };
+    assert_eq!(taken(&store, other_capability, 6_000, 3).await, counted(1, 6_000));
+    assert_eq!(taken(&store, other_principal, 7_000, 3).await, counted(1, 7_000));
+}
+
+async fn an_expired_window_restarts<S: Store>(store: S) {
+    let key = CounterKey {
+        principal_id: "alice",
+        capability: "tickets.read",
+    };
+    for _ in 0..3 {
+        taken(&store, key, 1_000, 3).await;
+    }
+    // One millisecond before the window ends: still full.
+    assert_eq!(
+        store.consume(key, 60_999, WINDOW_MS, 3).await.expect("consume"),
+        Consumed::Refused
+    );
+    // `at − window_start ≥ window`: a new window with one call.
+    assert_eq!(taken(&store, key, 61_000, 3).await, counted(1, 61_000));
+    assert_eq!(taken(&store, key, 61_001, 3).await, counted(2, 61_000));
+
+    // A window below its ceiling restarts all the same.
+    assert_eq!(taken(&store, key, 500_000, 3).await, counted(1, 500_000));
+}
+
+async fn a_window_starting_later_has_not_expired<S: Store>(store: S) {
+    // Another replica's clock was ahead: its window starts after our `at`.
+    let key = CounterKey {
+        principal_id: "alice",
+        capability: "tickets.read",
+    };
+    assert_eq!(taken(&store, key, 10_000, 3).await, counted(1, 10_000));
+    assert_eq!(taken(&store, key, 5_000, 3).await, counted(2, 10_000));
+    assert_eq!(taken(&store, key, 5_000, 3).await, counted(3, 10_000));
+    assert_eq!(
+        store.consume(key, 5_000, WINDOW_MS, 3).await.expect("consume"),
+        Consumed::Refused
+    );
+
+    // Extreme windows neither overflow nor expire.
+    let forever = CounterKey {
+        principal_id: "alice",
+        capability: "forever",
+    };
+    assert_eq!(
+        store.consume(forever, 0, u64::MAX, 1).await.expect("consume"),
+        Consumed::Taken(counted(1, 0))
+    );
+    assert_eq!(
+        store
+            .consume(forever, i64::MAX, u64::MAX, 1)
+            .await
+            .expect("consume"),
+        Consumed::Refused
+    );
+    assert_eq!(
+        store.consume(forever, i64::MIN, 1, 1).await.expect("consume"),
+        Consumed::Refused
+    );
+    // … except the one difference as large as the window itself.
+    let ends = CounterKey {
+        principal_id: "alice",
+        capability: "ends",
+    };
+    let opened = store.consume(ends, i64::MIN, u64::MAX, 1).await.expect("consume");
+    assert_eq!(opened, Consumed::Taken(counted(1, i64::MIN)));
+    let restarted = store.consume(ends, i64::MAX, u64::MAX, 1).await.expect("consume");
+    assert_eq!(restarted, Consumed::Taken(counted(1, i64::MAX)));
+}
+
+async fn a_zero_ceiling_takes_nothing<S: Store>(store: S) {
+    let key = CounterKey {
+        principal_id: "alice",
+        capability: "tickets.read",
+    };
+    assert_eq!(
+        store.consume(key, 1_000, WINDOW_MS, 0).await.expect("consume"),
+        Consumed::Refused
+    );
+    assert_eq!(store.read_usage(key).await.expect("read"), None);
+}
+
+/// The property of service.md §4: across replicas and any concurrency, the
+/// allows in one window never exceed the ceiling — and every call up to it is
+/// granted once.
+async fn the_ceiling_holds_under_concurrency<S: Store>(store: S, replica: S) {
+    const TASKS: usize = 64;
+    const CALLS_PER_TASK: usize = 4;
+    const LIMIT: u64 = 25;
+
+    for window_start in [1_000, 1_000 + WINDOW_MS as i64] {
+        let mut tasks = Vec::with_capacity(TASKS);
+        for task in 0..TASKS {
+            let store = if task % 2 == 0 {
+                store.clone()
+            } else {
+                replica.clone()
+            };
+            tasks.push(tokio::spawn(async move {
+                let key = CounterKey {
+                    principal_id: "alice",
+                    capability: "tickets.read",
+                };
+                let mut taken = Vec::new();
+                for call in 0..CALLS_PER_TASK {
+                    let at = window_start + (call as i64);
+                    match store.consume(key, at, WINDOW_MS, LIMIT).await.expect("consume") {
+                        Consumed::Taken(counted) => taken.push(counted),
+                        Consumed::Refused => {}
+                    }
+                }
+                taken
+            }));
+        }
+        let mut taken = Vec::new();
+        for task in tasks {
+            taken.extend(task.await.expect("consumer task"));
+        }
+        let mut calls: Vec<u64> = taken.iter().map(|counted| counted.calls).collect();
+        calls.sort_unstable();
+        assert_eq!(
+            calls,
+            (1..=LIMIT).collect::<Vec<_>>(),
+            "each call up to the ceiling granted once"
+        );
+        assert!(
+            taken
+                .iter()
+                .all(|counted| counted.window_start_ms == window_start),
+            "{taken:?}"
+        );
+        let key = CounterKey {
+            principal_id: "alice",
+            capability: "tickets.read",
+        };
+        assert_eq!(
+            store.read_usage(key).await.expect("read"),
+            Some(counted(LIMIT, window_start))
+        );
+    }
+}
+
+// ── Audit and idempotency ─────────────────────────────────────────────────
+
+async fn audit_records_round_trip<S: Store>(store: S) {
+    let full = AuditRecord {
+        decision_id: "0190a000-0000-7000-8000-000000000002".to_owned(),
+        at_ms: 1_700_000_000_002,
+        request_id: Some("req-1".to_owned()),
+        gateway: "edge".to_owned(),
+        kind: "decide".to_owned(),
+        outcome: "allow".to_owned(),
+        code: Some("granted".to_owned()),
+        path: Some("/grants/0".to_owned()),
+        principal_id: Some("oidc:https://id.example|alice".to_owned()),
+        issuer: Some("https://id.example".to_owned()),
+        subject: Some("alice".to_owned()),
+        capability: Some("tickets.read".to_owned()),
+        tool: Some("jira__get_issue".to_owned()),
+        account_id: Some("jira-ro".to_owned()),
+        limit_calls: Some(100),
+        limit_per: Some("1h".to_owned()),
+        usage_calls: Some(42),
+        policy_version: Some(format!("sha256:{:064x}", 1)),
+        policy_revision: Some(i64::MAX as u64),
+    };
+    let bare = AuditRecord {
+        decision_id: "0190a000-0000-7000-8000-000000000001".to_owned(),
+        at_ms: 1_700_000_000_001,
+        gateway: "loopback".to_owned(),
+        kind: "decide".to_owned(),
+        outcome: "unauthenticated".to_owned(),
+        ..AuditRecord::default()
+    };
+    store
+        .append_audit(&[full.clone(), bare.clone()], &[])
+        .await
+        .expect("append");
+    assert_eq!(
+        store.query_audit(&all(10)).await.expect("query"),
+        vec![full, bare]
+    );
+}
+
+async fn audit_queries_filter<S: Store>(store: S) {
+    let records = vec![
+        record(1, 1_000, "alice", "tickets.read", "allow", "granted"),
+        record(2, 2_000, "alice", "tickets.write", "deny", "no_grant"),
+        record(3, 3_000, "bob", "tickets.read", "deny", "limit_exhausted"),
+        record(4, 4_000, "bob", "tickets.write", "allow", "granted"),
+        record(5, 4_000, "alice", "tickets.read", "deny", "limit_exhausted"),
+        record(6, 5_000, "carol", "wiki.read", "unknown_tool", "unknown_tool"),
+    ];
+    store.append_audit(&records, &[]).await.expect("append");
+
+    let ids = |filter: AuditFilter| {
+        let store = store.clone();
+        async move {
+            let found = store.query_audit(&filter).await.expect("query");
+            found
+                .iter()
+                .map(|record| record.decision_id.clone())
+                .collect::<Vec<_>>()
+        }
+    };
+    // Newest first; the same instant is ordered by decision id.
+    assert_eq!(ids(all(10)).await, ["d6", "d5", "d4", "d3", "d2", "d1"]);
+    assert_eq!(ids(all(2)).await, ["d6", "d5"]);
+    assert_eq!(ids(all(0)).await, [""; 0]);
+    assert_eq!(
+        ids(AuditFilter {
+            principal_id: Some("alice".to_owned()),
+            ..all(10)
+        })
+        .await,
+        ["d5", "d2", "d1"]
+    );
+    assert_eq!(
+        ids(AuditFilter {
+            capability: Some("tickets.read".to_owned()),
+            ..all(10)
+        })
+        .await,
+        ["d5", "d3", "d1"]
+    );
+    assert_eq!(
+        ids(AuditFilter {
+            outcome: Some("deny".to_owned()),
+            ..all(10)
+        })
+        .await,
+        ["d5", "d3", "d2"]
+    );
+    assert_eq!(
+        ids(AuditFilter {
+            code: Some("limit_exhausted".to_owned()),
+            ..all(10)
+        })
+        .await,
+        ["d5", "d3"]
+    );
+    // `since` is inclusive, `until` exclusive.
+    assert_eq!(
+        ids(AuditFilter {
+            since_ms: Some(2_000),
+            until_ms: Some(4_000),
+            ..all(10)
+        })
+        .await,
+        ["d3", "d2"]
+    );
+    assert_eq!(
+        ids(AuditFilter {
+            since_ms: Some(4_000),
+            ..all(10)
+        })
+        .await,
+        ["d6", "d5", "d4"]
+    );
+    assert_eq!(
+        ids(AuditFilter {
+            until_ms: Some(2_000),
+            ..all(10)
+        })
+        .await,
+        ["d1"]
+    );
+    // Every filter at once must match them all.
+    assert_eq!(
+        ids(AuditFilter {
+            principal_id: Some("alice".to_owned()),
+            capability: Some("tickets.read".to_owned()),
+            outcome: Some("deny".to_owned()),
+            code: Some("limit_exhausted".to_owned()),
+            since_ms: Some(4_000),
+            until_ms: Some(4_001),
+            limit: 10,
+        })
+        .await,
+        ["d5"]
+    );
+    assert_eq!(
+        ids(AuditFilter {
+            principal_id: Some("dave".to_owned()),
+            ..all(10)
+        })
+        .await,
+        [""; 0]
+    );
+}
+
+async fn appending_again_changes_nothing<S: Store>(store: S) {
+    let first = record(1, 1_000, "alice", "tickets.read", "allow", "granted");
+    let second = record(2, 2_000, "alice", "tickets.read", "deny", "no_grant");
+    store
+        .append_audit(&[first.clone(), second.clone()], &[])
+        .await
+        .expect("append");
+    // A spool replaying its records, one of them altered: the stored one stays.
+    let altered = AuditRecord {
+        outcome: "deny".to_owned(),
+        ..first.clone()
+    };
+    store
+        .append_audit(&[altered.clone(), second.clone(), altered], &[])
+        .await
+        .expect("append again");
+    assert_eq!(
+        store.query_audit(&all(10)).await.expect("query"),
+        vec![second, first]
+    );
+}
+
+async fn a_failed_batch_leaves_nothing<S: Store>(store: S) {
+    let good = record(1, 1_000, "alice", "tickets.read", "allow", "granted");
+    let answer = remembered_answer("d1", b"first");
+    // The schema refuses an unknown outcome: the whole batch, remembered
+    // responses included, must be refused with it.
+    let bad = AuditRecord {
+        outcome: "perhaps".to_owned(),
+        ..record(2, 2_000, "bob", "x", "deny", "no_grant")
+    };
+    let batch = [good.clone(), bad];
+    let remember = [("edge".to_owned(), "req-1".to_owned(), answer.clone())];
+    assert!(
+        store.append_audit(&batch, &remember).await.is_err(),
+        "an invalid record fails the batch"
+    );
+    assert_eq!(store.query_audit(&all(10)).await.expect("query"), vec![]);
+    assert_eq!(store.remembered("edge", "req-1").await.expect("remembered"), None);
+
+    // A count past BIGINT is refused too, rather than stored wrong.
+    let huge = AuditRecord {
+        limit_calls: Some(u64::MAX),
+        ..record(3, 3_000, "bob", "x", "deny", "no_grant")
+    };
+    assert!(store
+        .append_audit(&[good.clone(), huge], &remember)
+        .await
+        .is_err());
+    assert_eq!(store.query_audit(&all(10)).await.expect("query"), vec![]);
+
+    store
+        .append_audit(std::slice::from_ref(&good), &remember)
+        .await
+        .expect("append");
+    assert_eq!(store.query_audit(&all(10)).await.expect("query"), vec![good]);
+    assert_eq!(
+        store.remembered("edge", "req-1").await.expect("remembered"),
+        Some(answer)
+    );
+    store.append_audit(&[], &[]).await.expect("an empty batch");
+}
+
+async fn remembered_responses_round_trip<S: Store>(store: S) {
+    let first = remembered_answer("d1", &[0, 159, 255, 1]);
+    let records = [record(1, 1_000, "alice", "tickets.read", "allow", "granted")];
+    let remember = [("edge".to_owned(), "req-1".to_owned(), first.clone())];
+    store.append_audit(&records, &remember).await.expect("append");
+    assert_eq!(
+        store.remembered("edge", "req-1").await.expect("remembered"),
+        Some(first.clone())
+    );
+    // Keyed by gateway and request id together.
+    assert_eq!(
+        store
+            .remembered("other-gateway", "req-1")
+            .await
+            .expect("remembered"),
+        None
+    );
+    assert_eq!(store.remembered("edge", "req-2").await.expect("remembered"), None);
+
+    // The first answer wins, across batches and within one.
+    let later = remembered_answer("d2", b"later");
+    store
+        .append_audit(&[], &[("edge".to_owned(), "req-1".to_owned(), later.clone())])
+        .await
+        .expect("append");
+    assert_eq!(
+        store.remembered("edge", "req-1").await.expect("remembered"),
+        Some(first)
+    );
+    let batch = [
+        ("edge".to_owned(), "req-2".to_owned(), later.clone()),
+        (
+            "edge".to_owned(),
+            "req-2".to_owned(),
+            remembered_answer("d3", b"third"),
+        ),
+    ];
+    store.append_audit(&[], &batch).await.expect("append");
+    assert_eq!(
+        store.remembered("edge", "req-2").await.expect("remembered"),
+        Some(later)
+    );
+}
+
+// ── Dialect-specific behaviour ────────────────────────────────────────────
+
+mod postgres_only {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn other_replicas_are_notified() {
+        on_postgres(|store, replica, _database| async move {
+            // Subscribing resolves at once: a change may have come before.
+            expect_notified(&replica).await;
+            expect_quiet(&replica).await;
+
+            store.publish(policy(1), None).await.expect("publish");
+            expect_notified(&replica).await;
+            store.publish(policy(2), None).await.expect("publish");
+            store.activate(1, None).await.expect("activate");
+            // Both are kept while nobody waits.
+            expect_notified(&replica).await;
+            expect_notified(&replica).await;
+            expect_quiet(&replica).await;
+
+            // Nothing is announced when nothing changed.
+            store.publish(policy(1), None).await.expect("unchanged");
+            store.publish(policy(3), Some(9)).await.expect("conflict");
+            store.activate(1, None).await.expect("already active");
+            store.activate(99, None).await.expect("not found");
+            expect_quiet(&replica).await;
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lost_notification_connection_is_reported() {
+        on_postgres(|store, replica, database| async move {
+            expect_notified(&replica).await;
+            let mut admin = PgConnection::connect_with(&database).await.expect("connect");
+            let terminated: Vec<bool> = sqlx::query_scalar(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE 'LISTEN%'",
+            )
+            .fetch_all(&mut admin)
+            .await
+            .expect("terminate the listener");
+            assert_eq!(terminated, [true], "exactly one listening connection");
+
+            let lost = tokio::time::timeout(Duration::from_secs(10), replica.policy_changed())
+                .await
+                .expect("the loss is noticed");
+            assert!(
+                lost.is_err(),
+                "a lost connection is an error, not a change: {lost:?}"
+            );
+            // The next call subscribes again, and says a change may have been missed.
+            expect_notified(&replica).await;
+            store.publish(policy(1), None).await.expect("publish");
+            expect_notified(&replica).await;
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn connect_opens_a_postgres_url() {
+        let Some(url) = postgres_server() else { return };
+        let store = connect(&url, &StoreOptions::default()).await.expect("connect");
+        assert!(matches!(store, AnyStore::Postgres(_)));
+    }
+
+    async fn expect_notified(store: &PostgresStore) {
+        tokio::time::timeout(Duration::from_secs(10), store.policy_changed())
+            .await
+            .expect("a notification in time")
+            .expect("notification");
+    }
+
+    async fn expect_quiet(store: &PostgresStore) {
+        let waited = tokio::time::timeout(Duration::from_millis(300), store.policy_changed()).await;
+        assert!(waited.is_err(), "no notification expected: {waited:?}");
+    }
+}
+
+mod sqlite_only {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn there_are_no_notifications() {
+        on_sqlite(|store, replica| async move {
+            store.publish(policy(1), None).await.expect("publish");
+            let waited = tokio::time::timeout(Duration::from_millis(200), replica.policy_changed()).await;
+            assert!(waited.is_err(), "SQLite never notifies: {waited:?}");
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn connect_creates_the_file_in_wal_mode() {
+        let file = TempFile::new();
+        assert!(!file.path.exists());
+        let store = connect(
+            &format!("sqlite://{}", file.path.display()),
+            &StoreOptions::default(),
+        )
+        .await
+        .expect("connect");
+        assert!(matches!(store, AnyStore::Sqlite(_)));
+        assert!(file.path.exists(), "the database file is created");
+        let mut connection = sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.path.display()))
+            .await
+            .expect("open the file");
+        let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(&mut connection)
+            .await
+            .expect("pragma");
+        assert_eq!(mode, "wal");
+    }
+}
+
+#[tokio::test]
+async fn connect_refuses_other_schemes() {
+    let Err(error) = connect("mysql://root:s3cret@localhost/capgate", &StoreOptions::default()).await else {
+        panic!("a MySQL URL was accepted");
+    };
+    let message = error.to_string();
+    assert!(message.contains("unsupported database URL"), "{message}");
+    assert!(
+        message.contains("root:***@localhost") && !message.contains("s3cret"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn connection_errors_never_show_the_password() {
+    // Nothing listens on port 1: the connection is refused at once.
+    let url = "postgres://capgate:s3cret-pw@127.0.0.1:1/capgate";
+    let Err(error) = connect(url, &StoreOptions::default()).await else {
+        panic!("connected to port 1");
+    };
+    let message = error.to_string();
+    assert!(!message.contains("s3cret-pw"), "{message}");
+    // The cause, at once — not a pool that gave up after retrying.
+    assert!(
+        message.contains("refused") && !message.contains("timed out"),
+        "{message}"
+    );
+    assert_eq!(message.matches("store error").count(), 1, "{message}");
+    assert!(
+        message.contains("postgres://capgate:***@127.0.0.1:1/capgate"),
+        "{message}"
+    );
+
+    let file = TempFile::new();
+    let url = format!("sqlite://{}/missing-directory/capgate.db", file.path.display());
+    assert!(
+        connect(&url, &StoreOptions::default()).await.is_err(),
+        "no directory, no database"
+    );
+}
+
+// ── Harness ───────────────────────────────────────────────────────────────
+
+/// Runs `scenario` on two stores over a fresh SQLite file, then removes it.
+async fn on_sqlite<F, Fut>(scenario: F)
+where
+    F: FnOnce(SqliteStore, SqliteStore) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let file = TempFile::new();
+    let url = format!("sqlite://{}", file.path.display());
+    let store = SqliteStore::connect(&url, &StoreOptions::default())
+        .await
+        .expect("open SQLite");
+    store.migrate().await.expect("migrate");
+    let replica = SqliteStore::connect(&url, &StoreOptions::default())
+        .await
+        .expect("open SQLite again");
+    // On its own task, so that a failing scenario still gets cleaned up
+    // after: the panic is caught here and raised again below.
+    let outcome = tokio::spawn(scenario(store, replica)).await;
+    drop(file);
+    if let Err(error) = outcome {
+        std::panic::resume_unwind(error.into_panic());
+    }
+}
+
+/// Runs `scenario` on two stores over a fresh PostgreSQL database (and hands
+/// it that database's connection options), then drops the database.
+async fn on_postgres<F, Fut>(scenario: F)
+where
+    F: FnOnce(PostgresStore, PostgresStore, PgConnectOptions) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let Some(server) = postgres_server() else { return };
+    let server = PgConnectOptions::from_str(&server).expect("DATABASE_URL is a PostgreSQL URL");
+    let name = format!("capgate_test_{}", unique());
+    let mut admin = PgConnection::connect_with(&server)
+        .await
+        .expect("connect to DATABASE_URL");
+    admin
+        .execute(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .await
+        .expect("create the test database");
+
+    let database = server.clone().database(&name);
+    let opened = async {
+        let store = PostgresStore::connect_with(database.clone(), &StoreOptions::default()).await?;
+        store.migrate().await?;
+        let replica = PostgresStore::connect_with(database.clone(), &StoreOptions::default()).await?;
+        Ok::<_, capgate::periphery::store::StoreError>((store, replica))
+    }
+    .await;
+    let outcome = match opened {
+        Ok((store, replica)) => Ok(tokio::spawn(scenario(store, replica, database)).await),
+        Err(error) => Err(error),
+    };
+    // WITH (FORCE) ends the connections the stores' pools still hold.
+    admin
+        .execute(AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)")))
+        .await
+        .expect("drop the test database");
+    match outcome {
+        Err(error) => panic!("cannot open the test database: {error}"),
+        Ok(Err(panicked)) => std::panic::resume_unwind(panicked.into_panic()),
+        Ok(Ok(())) => {}
+    }
+}
+
+/// The server in `DATABASE_URL`, or `None` (after saying so) when it is not
+/// set — a failure instead when `CAPGATE_REQUIRE_POSTGRES=1`.
+fn postgres_server() -> Option<String> {
+    match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("CAPGATE_REQUIRE_POSTGRES").as_deref() == Ok("1") => {
+            panic!("CAPGATE_REQUIRE_POSTGRES=1 but DATABASE_URL is not set")
+        }
+        _ => {
+            eprintln!("skipped: the PostgreSQL variant needs DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/postgres)");
+            None
+        }
+    }
+}
+
+/// Unique across the tests of this process and across processes.
+fn unique() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .subsec_nanos();
+    format!(
+        "{}_{}_{nanos}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A path under the temporary directory; the file and SQLite's companions
+/// (`-wal`, `-shm`) are removed on drop, even when a test fails.
+struct TempFile {
+    path: PathBuf,
+}
+
+impl TempFile {
+    fn new() -> Self {
+        TempFile {
+            path: std::env::temp_dir().join(format!("capgate-store-test-{}.db", unique())),
+        }
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let mut path = self.path.clone().into_os_string();
+            path.push(suffix);
+            // Absent companions are expected.
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+// ── Data ──────────────────────────────────────────────────────────────────
+
+fn policy(n: u64) -> NewPolicy {
+    NewPolicy {
+        version: format!("sha256:{n:064x}"),
+        artifact: format!("version: 1\n# revision {n}\n"),
+        catalog: None,
+        author: "alice".to_owned(),
+        comment: format!("change {n}"),
+        created_at_ms: 1_700_000_000_000 + n as i64,
+    }
+}
+
+fn stored(revision: u64, new: NewPolicy) -> StoredPolicy {
+    let NewPolicy {
+        version,
+        artifact,
+        catalog,
+        author,
+        comment,
+        created_at_ms,
+    } = new;
+    StoredPolicy {
+        revision,
+        version,
+        artifact,
+        catalog,
+        author,
+        comment,
+        created_at_ms,
+    }
+}
+
+#[track_caller]
+fn activated(outcome: PublishOutcome) -> StoredPolicy {
+    match outcome {
+        PublishOutcome::Activated(policy) => policy,
+        other => panic!("expected a new active version, got {other:?}"),
+    }
+}
+
+fn revisions(policies: &[StoredPolicy]) -> Vec<u64> {
+    policies.iter().map(|policy| policy.revision).collect()
+}
+
+fn counted(calls: u64, window_start_ms: i64) -> Counted {
+    Counted {
+        calls,
+        window_start_ms,
+    }
+}
+
+/// Consumes one call in a [`WINDOW_MS`] window, which must be granted.
+async fn taken<S: Store>(store: &S, key: CounterKey<'_>, at_ms: i64, limit: u64) -> Counted {
+    match store
+        .consume(key, at_ms, WINDOW_MS, limit)
+        .await
+        .expect("consume")
+    {
+        Consumed::Taken(counted) => counted,
+        Consumed::Refused => panic!("refused at {at_ms} with a ceiling of {limit}"),
+    }
+}
+
+fn all(limit: u32) -> AuditFilter {
+    AuditFilter {
+        limit,
+        ..AuditFilter::default()
+    }
+}
+
+fn record(n: u32, at_ms: i64, principal: &str, capability: &str, outcome: &str, code: &str) -> AuditRecord {
+    AuditRecord {
+        decision_id: format!("d{n}"),
+        at_ms,
+        gateway: "edge".to_owned(),
+        kind: "decide".to_owned(),
+        outcome: outcome.to_owned(),
+        code: Some(code.to_owned()),
+        principal_id: Some(principal.to_owned()),
+        capability: Some(capability.to_owned()),
+        ..AuditRecord::default()
+    }
+}
+
+fn remembered_answer(decision_id: &str, response: &[u8]) -> Remembered {
+    Remembered {
+        decision_id: decision_id.to_owned(),
+        response: response.to_vec(),
+        at_ms: 1_000,
+    }
+}
