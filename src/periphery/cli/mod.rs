@@ -15,6 +15,8 @@
 mod args;
 #[cfg(feature = "server")]
 mod audit;
+#[cfg(feature = "server")]
+mod decide;
 mod diff;
 mod explain;
 mod input;
@@ -84,6 +86,9 @@ enum Command {
     /// Apply the store's schema.
     #[cfg(feature = "server")]
     Migrate(migrate::Args),
+    /// Ask a running server for a decision, as a gateway would.
+    #[cfg(feature = "server")]
+    Decide(decide::Args),
     /// Publish a policy version to a server.
     #[cfg(feature = "server")]
     Publish(publish::Args),
@@ -171,6 +176,8 @@ where
         Command::Serve(args) => serve::run(args, &mut inputs),
         #[cfg(feature = "server")]
         Command::Migrate(args) => migrate::run(args),
+        #[cfg(feature = "server")]
+        Command::Decide(args) => decide::run(args),
         #[cfg(feature = "server")]
         Command::Publish(args) => publish::run(args, &mut inputs),
         #[cfg(feature = "server")]
