@@ -21,18 +21,20 @@
 // Tests read the environment and the clock, and create and remove files.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 
+mod support;
+
 use std::future::Future;
 use std::path::PathBuf;
-use std::str::FromStr;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use capgate::periphery::store::{
     connect, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Consumed, Counted, CounterKey, NewPolicy,
     PostgresStore, PublishOutcome, Remembered, SqliteStore, Store, StoreOptions, StoredPolicy,
 };
 use sqlx::postgres::PgConnectOptions;
-use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
+use sqlx::{Connection, PgConnection};
+use support::postgres::{server_url, TestDatabase};
+use support::unique;
 
 // ── The suite ─────────────────────────────────────────────────────────────
 
@@ -770,7 +772,7 @@ mod postgres_only {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn connect_opens_a_postgres_url() {
-        let Some(url) = postgres_server() else { return };
+        let Some(url) = server_url() else { return };
         let store = connect(&url, &StoreOptions::default()).await.expect("connect");
         assert!(matches!(store, AnyStore::Postgres(_)));
     }
@@ -898,68 +900,26 @@ where
     F: FnOnce(PostgresStore, PostgresStore, PgConnectOptions) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let Some(server) = postgres_server() else { return };
-    let server = PgConnectOptions::from_str(&server).expect("DATABASE_URL is a PostgreSQL URL");
-    let name = format!("capgate_test_{}", unique());
-    let mut admin = PgConnection::connect_with(&server)
-        .await
-        .expect("connect to DATABASE_URL");
-    admin
-        .execute(AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .await
-        .expect("create the test database");
-
-    let database = server.clone().database(&name);
+    let Some(database) = TestDatabase::create().await else {
+        return;
+    };
     let opened = async {
-        let store = PostgresStore::connect_with(database.clone(), &StoreOptions::default()).await?;
+        let store = PostgresStore::connect_with(database.options.clone(), &StoreOptions::default()).await?;
         store.migrate().await?;
-        let replica = PostgresStore::connect_with(database.clone(), &StoreOptions::default()).await?;
+        let replica = PostgresStore::connect_with(database.options.clone(), &StoreOptions::default()).await?;
         Ok::<_, capgate::periphery::store::StoreError>((store, replica))
     }
     .await;
     let outcome = match opened {
-        Ok((store, replica)) => Ok(tokio::spawn(scenario(store, replica, database)).await),
+        Ok((store, replica)) => Ok(tokio::spawn(scenario(store, replica, database.options.clone())).await),
         Err(error) => Err(error),
     };
-    // WITH (FORCE) ends the connections the stores' pools still hold.
-    admin
-        .execute(AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)")))
-        .await
-        .expect("drop the test database");
+    drop(database);
     match outcome {
         Err(error) => panic!("cannot open the test database: {error}"),
         Ok(Err(panicked)) => std::panic::resume_unwind(panicked.into_panic()),
         Ok(Ok(())) => {}
     }
-}
-
-/// The server in `DATABASE_URL`, or `None` (after saying so) when it is not
-/// set — a failure instead when `CAPGATE_REQUIRE_POSTGRES=1`.
-fn postgres_server() -> Option<String> {
-    match std::env::var("DATABASE_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var("CAPGATE_REQUIRE_POSTGRES").as_deref() == Ok("1") => {
-            panic!("CAPGATE_REQUIRE_POSTGRES=1 but DATABASE_URL is not set")
-        }
-        _ => {
-            eprintln!("skipped: the PostgreSQL variant needs DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/postgres)");
-            None
-        }
-    }
-}
-
-/// Unique across the tests of this process and across processes.
-fn unique() -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("after 1970")
-        .subsec_nanos();
-    format!(
-        "{}_{}_{nanos}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 /// A path under the temporary directory; the file and SQLite's companions

@@ -31,7 +31,9 @@ impl Proxy {
         let accept_generation = generation.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((inbound, _)) = listener.accept().await else { return };
+                let Ok((inbound, _)) = listener.accept().await else {
+                    return;
+                };
                 let mode = accept_mode.clone();
                 let mut cut = accept_generation.subscribe();
                 tokio::spawn(async move {
@@ -41,7 +43,9 @@ impl Proxy {
                         drop(inbound);
                         return;
                     }
-                    let Ok(outbound) = TcpStream::connect(target).await else { return };
+                    let Ok(outbound) = TcpStream::connect(target).await else {
+                        return;
+                    };
                     let (mut inbound_read, mut inbound_write) = inbound.into_split();
                     let (mut outbound_read, mut outbound_write) = outbound.into_split();
                     tokio::select! {

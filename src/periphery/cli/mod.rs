@@ -1,9 +1,10 @@
 //! The `capgate` command line: the dry-run commands of `spec/cli.md`
 //! (`validate`, `explain`, `visible`, `who-can`, `diff`, `schema`) and, with
 //! the `server` feature, the service commands of `spec/service.md` (`serve`,
-//! `migrate`, `publish`, `policies`, `audit`). One file per subcommand;
-//! `json` converts core types for `--json`, `render` writes the human
-//! reports, `remote` holds what the service commands share.
+//! `migrate`, `publish`, `policies`, `audit`) and the load generator
+//! `bench`. One file per subcommand; `json` converts core types for
+//! `--json`, `render` writes the human reports, `remote` holds what the
+//! service commands share.
 //!
 //! [`run`] is the whole program but for the process edge: it takes the
 //! arguments and standard input and returns what to print and the exit code,
@@ -15,6 +16,8 @@
 mod args;
 #[cfg(feature = "server")]
 mod audit;
+#[cfg(feature = "server")]
+mod bench;
 #[cfg(feature = "server")]
 mod decide;
 mod diff;
@@ -98,6 +101,9 @@ enum Command {
     /// Query the audit trail in the store.
     #[cfg(feature = "server")]
     Audit(audit::Args),
+    /// Measure the decision service under load (a benchmark: loopback, bounded).
+    #[cfg(feature = "server")]
+    Bench(Box<bench::Args>),
 }
 
 /// How the process ends (cli.md, "Exit codes").
@@ -184,6 +190,8 @@ where
         Command::Policies(args) => policies::run(args),
         #[cfg(feature = "server")]
         Command::Audit(args) => audit::run(args),
+        #[cfg(feature = "server")]
+        Command::Bench(args) => bench::run(args),
     };
     result.unwrap_or_else(|failure| match failure {
         Failure::Usage(message) => Outcome {

@@ -1,0 +1,239 @@
+//! A real outage: the server reaches a real PostgreSQL through a TCP proxy
+//! on loopback (tests/support/proxy.rs), and the test cuts the proxy — open
+//! connections drop, new ones hang unanswered, as in a network partition.
+//! No store is mocked (service.md §4 and §5, docs/decisions/0006):
+//!
+//! * with an audit spool, a capped call denies `usage_unknown` within the
+//!   store timeout, an uncapped call is still allowed, both are recorded in
+//!   the spool, and the records reach `audit_log` once the store is back;
+//! * without a spool, nothing is answered: `UNAVAILABLE`, never an allow
+//!   with no trace.
+//!
+//! Needs `DATABASE_URL` (skipped without it, unless
+//! `CAPGATE_REQUIRE_POSTGRES=1`).
+
+#![cfg(feature = "server")]
+// Tests read the environment and the clock, and read files.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use capgate::periphery::server::proto::decision_service_client::DecisionServiceClient;
+use capgate::periphery::server::proto::{DecideRequest, DecideResponse, Outcome, ReasonCode};
+use capgate::periphery::server::{self, Config, Running};
+use capgate::periphery::store::{AuditFilter, PostgresStore, Store, StoreOptions};
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+use support::client::{capped, code, connect, publish, summary, uncapped, CATALOG, POLICY};
+use support::postgres::TestDatabase;
+use support::proxy::Proxy;
+
+/// The default `--store-timeout`, which this test keeps.
+const STORE_TIMEOUT: Duration = Duration::from_millis(50);
+/// How long an audit commit may hang before the batch goes to the spool
+/// (1 s by default; shorter here so that a call's whole answer — a counter
+/// that times out, then an audit commit that times out — fits the bound).
+const AUDIT_TIMEOUT: Duration = Duration::from_millis(250);
+/// Every answer during the outage comes within this, whatever the network
+/// does: the store timeout, the audit timeout, and slack for a busy machine.
+const ANSWER_WITHIN: Duration = Duration::from_secs(1);
+/// How long the store may take to receive the spooled records once it is
+/// reachable again (the spool is retried every poll interval, 200 ms here).
+const RECOVER_WITHIN: Duration = Duration::from_secs(15);
+
+/// A server in this process whose store is behind a proxy, and a direct
+/// line to the same database for the test to look through.
+struct Outage {
+    running: Option<Running>,
+    channel: Channel,
+    proxy: Proxy,
+    /// The database, not through the proxy.
+    direct: PostgresStore,
+    // Dropped last: the database goes after everything that used it.
+    _database: TestDatabase,
+}
+
+impl Outage {
+    async fn start(spool: Option<PathBuf>) -> Option<Outage> {
+        let database = TestDatabase::create().await?;
+        let direct = database.store().await;
+        let proxy = Proxy::start(database.server_addr()).await;
+        let proxied = PostgresStore::connect_with(database.options_via(proxy.addr), &StoreOptions::default())
+            .await
+            .expect("open the store through the proxy");
+        let mut config = Config::new(vec!["127.0.0.1:0".parse().unwrap()]);
+        assert_eq!(config.store_timeout, STORE_TIMEOUT, "the default store timeout");
+        config.audit_timeout = AUDIT_TIMEOUT;
+        config.audit_spool = spool;
+        config.poll_interval = Duration::from_millis(200);
+        let running = server::start(proxied, config).await.expect("the server starts");
+        let channel = connect(running.addrs[0]).await;
+        let published = publish(&channel, POLICY, Some(CATALOG)).await.expect("publish");
+        assert!(published.accepted);
+        Some(Outage {
+            running: Some(running),
+            channel,
+            proxy,
+            direct,
+            _database: database,
+        })
+    }
+
+    async fn decide(&self, request: DecideRequest) -> Result<DecideResponse, Status> {
+        DecisionServiceClient::new(self.channel.clone())
+            .decide(request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    /// Decides, and checks that the answer came within [`ANSWER_WITHIN`].
+    async fn decide_in_time(&self, request: DecideRequest) -> Result<DecideResponse, Status> {
+        let started = Instant::now();
+        let answer = self.decide(request).await;
+        let took = started.elapsed();
+        assert!(took < ANSWER_WITHIN, "answered after {took:?}: {answer:?}");
+        answer
+    }
+
+    /// The decision ids in `audit_log`, read directly.
+    async fn stored_ids(&self) -> BTreeSet<String> {
+        self.direct
+            .query_audit(&AuditFilter {
+                limit: 10_000,
+                ..AuditFilter::default()
+            })
+            .await
+            .expect("read the audit trail")
+            .into_iter()
+            .map(|record| record.decision_id)
+            .collect()
+    }
+
+    async fn stop(mut self) {
+        if let Some(running) = self.running.take() {
+            running.stop().await.expect("a clean stop");
+        }
+    }
+}
+
+/// The decision ids of the records in the spool's files.
+fn spooled_ids(dir: &Path) -> BTreeSet<String> {
+    let mut ids = BTreeSet::new();
+    for entry in std::fs::read_dir(dir).expect("read the spool") {
+        let text = std::fs::read_to_string(entry.expect("a spool entry").path()).expect("read a spool file");
+        for line in text.lines() {
+            let value: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+            if let Some(id) = value["record"]["decision_id"].as_str() {
+                ids.insert(id.to_owned());
+            }
+        }
+    }
+    ids
+}
+
+/// Polls `check` until it holds; panics after [`RECOVER_WITHIN`].
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + RECOVER_WITHIN;
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what}: not within {RECOVER_WITHIN:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_store_denies_capped_calls_and_spools_what_it_answers() {
+    let spool = tempfile::tempdir().expect("a spool directory");
+    let Some(outage) = Outage::start(Some(spool.path().to_owned())).await else {
+        return;
+    };
+    // Before the outage the capped grant allows, and is recorded in the store.
+    let before = outage.decide(capped()).await.expect("a decision");
+    assert_eq!(code(&before), ReasonCode::Granted);
+    assert!(outage.stored_ids().await.contains(&before.decision_id));
+
+    outage.proxy.cut();
+    let capped_answer = outage.decide_in_time(capped()).await.expect("a decision");
+    let (outcome, reason, path, _) = summary(&capped_answer);
+    assert_eq!(
+        (outcome, reason, path.as_str()),
+        (Outcome::Deny, ReasonCode::UsageUnknown, "/grants/0")
+    );
+    let uncapped_answer = outage.decide_in_time(uncapped()).await.expect("a decision");
+    assert_eq!(code(&uncapped_answer), ReasonCode::Granted);
+
+    // Both answers are on record — in the spool, not (yet) in the store.
+    let answered = BTreeSet::from([
+        capped_answer.decision_id.clone(),
+        uncapped_answer.decision_id.clone(),
+    ]);
+    assert!(
+        spooled_ids(spool.path()).is_superset(&answered),
+        "both records are spooled"
+    );
+    assert!(outage.stored_ids().await.is_disjoint(&answered));
+
+    // Back again: the spool is replayed into `audit_log` and emptied.
+    outage.proxy.heal();
+    eventually("the spooled records reach audit_log", || async {
+        outage.stored_ids().await.is_superset(&answered)
+    })
+    .await;
+    eventually("the spool is emptied", || async {
+        spooled_ids(spool.path()).is_empty()
+    })
+    .await;
+    // And the counter answers again: a capped call allows once more.
+    eventually("capped calls are allowed again", || async {
+        outage
+            .decide(capped())
+            .await
+            .is_ok_and(|answer| code(&answer) == ReasonCode::Granted)
+    })
+    .await;
+    outage.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_spool_an_unreachable_store_fails_closed() {
+    let Some(outage) = Outage::start(None).await else {
+        return;
+    };
+    let before = outage.decide(uncapped()).await.expect("a decision");
+    assert_eq!(code(&before), ReasonCode::Granted);
+
+    outage.proxy.cut();
+    // No durable trace, no answer — not even for a call that needs no counter.
+    for request in [uncapped(), capped()] {
+        let status = outage
+            .decide_in_time(request)
+            .await
+            .expect_err("no answer without an audit record");
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    }
+
+    // Back again: answered and recorded as before.
+    outage.proxy.heal();
+    let deadline = Instant::now() + RECOVER_WITHIN;
+    let recovered = loop {
+        if let Ok(answer) = outage.decide(uncapped()).await {
+            break answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not answered again within {RECOVER_WITHIN:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(code(&recovered), ReasonCode::Granted);
+    assert!(outage.stored_ids().await.contains(&recovered.decision_id));
+    outage.stop().await;
+}

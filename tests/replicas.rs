@@ -1,0 +1,190 @@
+//! Three `capgate serve` processes on one PostgreSQL database, as a
+//! deployment behind a load balancer runs them (service.md §2 and §4):
+//!
+//! * many concurrent `Decide` calls, spread over the replicas, against a
+//!   ceiling of L: exactly L allows, every other answer `limit_exhausted`,
+//!   and one audit record per answer saying the same;
+//! * a version published through one replica is what the others decide on
+//!   within moments. The poll interval is a minute, so only `LISTEN/NOTIFY`
+//!   can explain that.
+//!
+//! Needs `DATABASE_URL` (skipped without it, unless
+//! `CAPGATE_REQUIRE_POSTGRES=1`).
+
+#![cfg(feature = "server")]
+// Tests read the environment and the clock, and spawn the binary.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use capgate::periphery::server::proto::decision_service_client::DecisionServiceClient;
+use capgate::periphery::server::proto::{DecideRequest, DecideResponse, ReasonCode};
+use capgate::periphery::store::{AuditFilter, CounterKey, Store};
+use tonic::transport::Channel;
+
+use support::client::{
+    capped, code, decision, example_with_ceiling, publish, recorded_code, recorded_outcome, uncapped,
+    wait_serving, CATALOG,
+};
+use support::postgres::TestDatabase;
+use support::process::Serve;
+
+/// The ceiling: calls per hour for Ana reading tickets.
+const CEILING: u64 = 40;
+/// Calls fired at once, round-robin over the replicas.
+const CALLS: usize = 300;
+/// How long a replica may take to follow a publish made through another.
+/// Notifications arrive in milliseconds; the poll would take a minute.
+const FOLLOW_WITHIN: Duration = Duration::from_secs(3);
+
+async fn decide(channel: &Channel, request: DecideRequest) -> DecideResponse {
+    DecisionServiceClient::new(channel.clone())
+        .decide(request)
+        .await
+        .expect("a decision")
+        .into_inner()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replicas_share_one_ceiling_and_follow_each_others_publishes() {
+    let Some(database) = TestDatabase::create().await else {
+        return;
+    };
+    let url = database.url();
+    let args = [
+        "--database-url",
+        url.as_str(),
+        // Only a notification can make a replica switch within seconds.
+        "--poll-interval",
+        "60s",
+        // 300 calls at once queue for 8 connections per replica on a small
+        // machine; a counter slower than the store timeout would (rightly)
+        // answer `usage_unknown`. This test is about the ceiling, not latency.
+        "--store-timeout",
+        "5s",
+    ];
+    // Started together: each migrates the same empty database at start-up.
+    let (first, second, third) = tokio::join!(Serve::start(&args), Serve::start(&args), Serve::start(&args));
+    let replicas = [first, second, third];
+    let mut channels = Vec::new();
+    for replica in &replicas {
+        channels.push(replica.channel().await);
+    }
+
+    // Published through the first replica; the others learn of it from the store.
+    let published = publish(&channels[0], &example_with_ceiling(CEILING), Some(CATALOG))
+        .await
+        .expect("publish");
+    assert!(published.accepted, "{:?}", published.diagnostics);
+    assert_eq!(published.revision, 1);
+    for channel in &channels {
+        wait_serving(channel, FOLLOW_WITHIN).await;
+    }
+
+    // ── Exactly L allows across the replicas ──────────────────────────────
+    let tasks: Vec<_> = (0..CALLS)
+        .map(|index| {
+            let mut client = DecisionServiceClient::new(channels[index % channels.len()].clone());
+            tokio::spawn(async move { client.decide(capped()).await.map(tonic::Response::into_inner) })
+        })
+        .collect();
+    let mut responses = Vec::with_capacity(CALLS);
+    for (index, task) in tasks.into_iter().enumerate() {
+        let response = task
+            .await
+            .expect("the call's task")
+            .unwrap_or_else(|status| panic!("call {index} failed: {status:?}"));
+        assert_eq!(response.policy_revision, 1);
+        responses.push(response);
+    }
+    let allowed = responses
+        .iter()
+        .filter(|response| code(response) == ReasonCode::Granted)
+        .count();
+    let exhausted = responses
+        .iter()
+        .filter(|response| code(response) == ReasonCode::LimitExhausted)
+        .count();
+    assert_eq!(
+        (allowed, exhausted),
+        (CEILING as usize, CALLS - CEILING as usize),
+        "every answer is an allow within the ceiling or `limit_exhausted`"
+    );
+    let mut remaining: Vec<u64> = responses
+        .iter()
+        .filter_map(|response| decision(response).limits.as_ref().map(|limits| limits.remaining))
+        .collect();
+    remaining.sort_unstable();
+    assert_eq!(remaining, (0..CEILING).collect::<Vec<_>>());
+
+    // One audit record per answer, saying what the answer said.
+    let store = database.store().await;
+    let audit = store
+        .query_audit(&AuditFilter {
+            limit: 10_000,
+            ..AuditFilter::default()
+        })
+        .await
+        .expect("read the audit trail");
+    let decides: HashMap<&str, _> = audit
+        .iter()
+        .filter(|record| record.kind == "decide")
+        .map(|record| (record.decision_id.as_str(), record))
+        .collect();
+    assert_eq!(decides.len(), CALLS, "exactly one decide record per call");
+    for response in &responses {
+        let record = decides
+            .get(response.decision_id.as_str())
+            .unwrap_or_else(|| panic!("no record of {}", response.decision_id));
+        assert_eq!(record.outcome, recorded_outcome(response));
+        assert_eq!(record.code, Some(recorded_code(code(response))));
+        assert_eq!(record.policy_revision, Some(1));
+    }
+    // The allows are the window's calls 1..=L, whichever replica took them.
+    let mut numbered: Vec<u64> = decides
+        .values()
+        .filter(|record| record.outcome == "allow")
+        .map(|record| record.usage_calls.expect("an allow records its count"))
+        .collect();
+    numbered.sort_unstable();
+    assert_eq!(numbered, (1..=CEILING).collect::<Vec<_>>());
+    let counter = store
+        .read_usage(CounterKey {
+            principal_id: "staff:ana",
+            capability: "tickets.issue.read",
+        })
+        .await
+        .expect("read the counter")
+        .expect("a counter");
+    assert_eq!(counter.calls, CEILING);
+
+    // ── A publish through one replica reaches the others ──────────────────
+    let next = publish(&channels[0], &example_with_ceiling(7), Some(CATALOG))
+        .await
+        .expect("publish again");
+    assert_eq!(next.revision, 2);
+    let published_at = Instant::now();
+    for (index, channel) in channels.iter().enumerate().skip(1) {
+        loop {
+            let response = decide(channel, uncapped()).await;
+            if response.policy_revision == 2 {
+                break;
+            }
+            assert!(
+                published_at.elapsed() < FOLLOW_WITHIN,
+                "replica {index} still decides on revision {} after {FOLLOW_WITHIN:?}",
+                response.policy_revision
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    // The new ceiling applies there too: 7 is long exceeded this window.
+    let last = decide(&channels[2], capped()).await;
+    assert_eq!(last.policy_revision, 2);
+    assert_eq!(code(&last), ReasonCode::LimitExhausted);
+
+    drop(replicas);
+}

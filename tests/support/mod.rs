@@ -1,0 +1,33 @@
+//! Helpers shared by the integration tests that talk to the decision service
+//! or its store: fresh PostgreSQL databases, `capgate serve` child processes,
+//! requests and policies, and a TCP proxy that can cut a connection.
+//!
+//! A test file takes them with `mod support;`. Every test binary compiles
+//! the whole module and uses part of it, so unused items are expected here.
+
+#![allow(dead_code)]
+// Tests read the environment and the clock, spawn processes, and create files.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+pub mod client;
+pub mod postgres;
+pub mod process;
+pub mod proxy;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Unique across the tests of this process and across processes: a name for
+/// a database or a file.
+pub fn unique() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .subsec_nanos();
+    format!(
+        "{}_{}_{nanos}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
