@@ -24,8 +24,9 @@
 //! measurement, each call has a deadline, and the run works on a database
 //! of its own — a fresh temporary SQLite file by default, or a fresh
 //! `capgate_bench_<unique>` database on the PostgreSQL server that
-//! `--database-url` names, dropped afterwards. Loopback only, unless
-//! `--server` names another address.
+//! `--database-url` names, dropped afterwards. Loopback only: `--server`
+//! must name a loopback address (a load generator pointed elsewhere is a
+//! load test of someone else's service).
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -117,8 +118,8 @@ pub struct Args {
     /// `sqlite://PATH` a file that must not exist yet (removed after).
     #[arg(long, value_name = "URL")]
     pub database_url: Option<String>,
-    /// Drive a server that already runs at this URL instead of starting one
-    /// in-process. The bench policy is published to it (an admin token from
+    /// Drive a server that already runs at this URL (a loopback address)
+    /// instead of starting one in-process. The bench policy is published to it (an admin token from
     /// `--token-file` or `CAPGATE_TOKEN`, unless it runs without tokens); the
     /// store baseline then runs on `--database-url`, through a pool
     /// configured as the server's.
@@ -245,6 +246,9 @@ impl Plan {
 
 pub fn run(args: &Args) -> Result<Outcome, Failure> {
     let plan = Plan::of(args)?;
+    if let Some(url) = &args.server {
+        check_loopback(url)?;
+    }
     let token = match &args.server {
         Some(_) => token(args.token_file.as_deref())?,
         None => None,
@@ -307,6 +311,26 @@ pub fn run(args: &Args) -> Result<Outcome, Failure> {
         stderr: String::new(),
         exit: Exit::Done,
     })
+}
+
+/// Refuses a `--server` that is not on this machine's loopback interface.
+fn check_loopback(url: &str) -> Result<(), Failure> {
+    let uri: tonic::codegen::http::Uri = url
+        .parse()
+        .map_err(|_| Failure::Usage(format!("`--server {url}` is not a URL")))?;
+    let host = uri.host().unwrap_or_default();
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = bare.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|address| address.is_loopback());
+    if loopback {
+        Ok(())
+    } else {
+        Err(Failure::Usage(format!(
+            "`--server {url}`: the bench drives loopback addresses only (127.0.0.0/8, ::1, localhost)"
+        )))
+    }
 }
 
 /// Reads the token for `--server`: `--token-file`, else `CAPGATE_TOKEN`.
@@ -1180,6 +1204,26 @@ impl Report<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_loopback_servers_are_driven() {
+        for url in [
+            "http://127.0.0.1:50051",
+            "http://127.9.9.9:1",
+            "http://[::1]:50051",
+            "http://localhost:50051",
+        ] {
+            assert!(check_loopback(url).is_ok(), "{url}");
+        }
+        for url in [
+            "http://10.0.0.1:50051",
+            "https://example.net",
+            "http://[2001:db8::1]:1",
+            "not a url",
+        ] {
+            assert!(check_loopback(url).is_err(), "{url}");
+        }
+    }
 
     #[test]
     fn percentiles_use_the_nearest_rank() {
