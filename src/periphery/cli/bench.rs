@@ -53,7 +53,7 @@ use crate::periphery::server::proto::{
 use crate::periphery::server::{self, Config, PolicyFile, Running};
 use crate::periphery::store::{AnyStore, AuditRecord, PostgresStore, SqliteStore, Store, StoreOptions};
 
-use super::remote::{parse_duration, runtime};
+use super::remote::{parse_duration, read_token, runtime};
 use super::{to_json, Exit, Failure, Outcome};
 
 /// The policy every run publishes: one issuer, one account, an uncapped
@@ -250,7 +250,7 @@ pub fn run(args: &Args) -> Result<Outcome, Failure> {
         check_loopback(url)?;
     }
     let token = match &args.server {
-        Some(_) => token(args.token_file.as_deref())?,
+        Some(_) => read_token(args.token_file.as_deref())?,
         None => None,
     };
     // The server (or, with `--server`, the store baseline) runs on a
@@ -330,26 +330,6 @@ fn check_loopback(url: &str) -> Result<(), Failure> {
         Err(Failure::Usage(format!(
             "`--server {url}`: the bench drives loopback addresses only (127.0.0.0/8, ::1, localhost)"
         )))
-    }
-}
-
-/// Reads the token for `--server`: `--token-file`, else `CAPGATE_TOKEN`.
-fn token(file: Option<&std::path::Path>) -> Result<Option<MetadataValue<Ascii>>, Failure> {
-    let raw = match file {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|error| {
-                Failure::Input(format!("cannot read `{}`: {}", path.display(), error.kind()))
-            })?;
-            Some(text.trim_end_matches(['\n', '\r']).to_owned())
-        }
-        None => std::env::var("CAPGATE_TOKEN").ok(),
-    };
-    match raw.filter(|token| !token.is_empty()) {
-        None => Ok(None),
-        Some(token) => format!("Bearer {token}")
-            .parse()
-            .map(Some)
-            .map_err(|_| Failure::Input("the token holds characters a header cannot carry".to_owned())),
     }
 }
 

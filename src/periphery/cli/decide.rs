@@ -8,13 +8,15 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
+use crate::access::ReasonCode;
 use crate::periphery::server::convert;
 use crate::periphery::server::proto::decision_service_client::DecisionServiceClient;
 use crate::periphery::server::proto::{
-    decide_request, decide_response, transport, Account, AssertedPrincipal, Attribute, AuthProblem,
-    DecideRequest, DecideResponse, Decision, Limits, Outcome as ProtoOutcome, Position, Reason, ReasonCode,
-    Tool, Transport, Unauthenticated, UnknownTool,
+    decide_request, decide_response, transport, Account, AssertedPrincipal, Attribute, DecideRequest,
+    DecideResponse, Decision, Limits, Outcome as ProtoOutcome, Position, Reason, Tool, Transport,
+    Unauthenticated, UnknownTool,
 };
+use crate::principals::AuthProblem;
 
 use super::args::{Asserted, Attr};
 use super::remote::{runtime, status_failure, Server};
@@ -90,28 +92,25 @@ fn attributes(pairs: &[Attr]) -> Vec<Attribute> {
     grouped
 }
 
+/// The core's name for a wire reason code (`granted`, …).
 fn code_name(code: i32) -> &'static str {
-    match ReasonCode::try_from(code).unwrap_or(ReasonCode::Unspecified) {
-        ReasonCode::Unspecified => "unspecified",
-        ReasonCode::Granted => "granted",
-        ReasonCode::CapabilityNotDeclared => "capability_not_declared",
-        ReasonCode::CapabilityNotRealized => "capability_not_realized",
-        ReasonCode::NoGrantMatches => "no_grant_matches",
-        ReasonCode::AmbiguousGrant => "ambiguous_grant",
-        ReasonCode::AccountDisabled => "account_disabled",
-        ReasonCode::UsageUnknown => "usage_unknown",
-        ReasonCode::LimitExhausted => "limit_exhausted",
-    }
+    ReasonCode::ALL
+        .into_iter()
+        .find(|core| i32::from(convert::reason_code(*core)) == code)
+        .map_or("unspecified", ReasonCode::as_str)
 }
 
+/// The core's name for a wire authentication problem.
 fn problem_name(problem: i32) -> &'static str {
-    match AuthProblem::try_from(problem).unwrap_or(AuthProblem::Unspecified) {
-        AuthProblem::Unspecified => "unspecified",
-        AuthProblem::CredentialMissing => "credential_missing",
-        AuthProblem::CredentialInvalid => "credential_invalid",
-        AuthProblem::CredentialExpired => "credential_expired",
-        AuthProblem::IssuerUnknown => "issuer_unknown",
-    }
+    [
+        AuthProblem::CredentialMissing,
+        AuthProblem::CredentialInvalid,
+        AuthProblem::CredentialExpired,
+        AuthProblem::IssuerUnknown,
+    ]
+    .into_iter()
+    .find(|core| i32::from(convert::auth_problem(*core)) == problem)
+    .map_or("unspecified", AuthProblem::as_str)
 }
 
 fn at_text(timestamp: Option<&prost_types::Timestamp>) -> String {
@@ -343,7 +342,7 @@ mod tests {
             result: Some(decide_response::Result::Decision(Decision {
                 outcome: ProtoOutcome::Deny.into(),
                 reason: Some(Reason {
-                    code: ReasonCode::LimitExhausted.into(),
+                    code: convert::reason_code(ReasonCode::LimitExhausted).into(),
                     path: "/grants/0".into(),
                     subject: "a.b".into(),
                     position: Some(Position { line: 3, column: 5 }),

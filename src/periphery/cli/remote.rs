@@ -97,23 +97,30 @@ impl Server {
     }
 
     fn token(&self) -> Result<Option<MetadataValue<tonic::metadata::Ascii>>, Failure> {
-        let raw = match &self.token_file {
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|error| {
-                    Failure::Input(format!("cannot read `{}`: {}", path.display(), error.kind()))
-                })?;
-                Some(text.trim_end_matches(['\n', '\r']).to_owned())
-            }
-            None => std::env::var("CAPGATE_TOKEN").ok(),
-        };
-        match raw.filter(|token| !token.is_empty()) {
-            None => Ok(None),
-            Some(token) => format!("Bearer {token}")
-                .parse()
-                .map(Some)
-                // The message must not repeat the token.
-                .map_err(|_| Failure::Input("the token holds characters a header cannot carry".to_owned())),
+        read_token(self.token_file.as_deref())
+    }
+}
+
+/// The bearer token to present: `--token-file`, else `CAPGATE_TOKEN`, else
+/// none. The error never repeats the token.
+pub fn read_token(
+    file: Option<&std::path::Path>,
+) -> Result<Option<MetadataValue<tonic::metadata::Ascii>>, Failure> {
+    let raw = match file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|error| {
+                Failure::Input(format!("cannot read `{}`: {}", path.display(), error.kind()))
+            })?;
+            Some(text.trim_end_matches(['\n', '\r']).to_owned())
         }
+        None => std::env::var("CAPGATE_TOKEN").ok(),
+    };
+    match raw.filter(|token| !token.is_empty()) {
+        None => Ok(None),
+        Some(token) => format!("Bearer {token}")
+            .parse()
+            .map(Some)
+            .map_err(|_| Failure::Input("the token holds characters a header cannot carry".to_owned())),
     }
 }
 
