@@ -774,13 +774,20 @@ fn the_deployment_runs_three_replicas_with_grpc_probes_tokens_from_secrets_and_a
     let args = &invocation.args;
     assert_eq!(args[0], "serve");
 
-    // The gRPC port, and every probe on it through the native gRPC probe.
+    // The gRPC port, and every probe on it through the native gRPC probe; then the metrics port,
+    // the one `--metrics-listen` binds.
     let ports = seq_at(container, "ports");
-    assert_eq!(ports.len(), 1);
+    assert_eq!(ports.len(), 2);
     let port = int_at(&ports[0], "containerPort").unwrap();
     assert_eq!(port, 50051);
     assert_eq!(str_at(&ports[0], "name"), Some("grpc"));
     assert_eq!(values_of(args, "--listen"), [format!("0.0.0.0:{port}")]);
+    assert_eq!(str_at(&ports[1], "name"), Some("metrics"));
+    let metrics = int_at(&ports[1], "containerPort").unwrap();
+    assert_eq!(
+        values_of(args, "--metrics-listen"),
+        [format!("0.0.0.0:{metrics}")]
+    );
     for probe in ["readinessProbe", "livenessProbe", "startupProbe"] {
         assert_eq!(
             int_at(container, &format!("{probe}.grpc.port")),

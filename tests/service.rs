@@ -33,8 +33,8 @@ use capgate::periphery::server::proto::{
 use capgate::periphery::server::{self, Config, ConfigError, PolicyFile, Running, StartError, Token};
 use capgate::periphery::store::{
     self, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Consumed, Counted, CounterKey,
-    ExpectedRevision, NewPolicy, PostgresStore, PublishOutcome, Remembered, SqliteStore, Store, StoreError,
-    StoreOptions, StoreResult, StoredPolicy,
+    ExpectedRevision, NewPolicy, PostgresStore, PrunedPeriod, PublishOutcome, Remembered, SqliteStore, Store,
+    StoreError, StoreOptions, StoreResult, StoredPolicy,
 };
 use support::client::{
     ana, decision, example_with_ceiling, for_capability, for_tool, principal, recorded_code,
@@ -164,6 +164,12 @@ impl Store for Backend {
     async fn query_audit(&self, filter: &AuditFilter) -> StoreResult<Vec<AuditRecord>> {
         delegate!(self, store => store.query_audit(filter))
     }
+    async fn prepare_audit_periods(&self, now_ms: i64) -> StoreResult<()> {
+        delegate!(self, store => store.prepare_audit_periods(now_ms))
+    }
+    async fn prune_audit(&self, before_ms: i64, dry_run: bool) -> StoreResult<Vec<PrunedPeriod>> {
+        delegate!(self, store => store.prune_audit(before_ms, dry_run))
+    }
 }
 
 // ── A store that fails on demand ──────────────────────────────────────────
@@ -267,6 +273,16 @@ impl Store for Flaky {
         filter: &AuditFilter,
     ) -> impl Future<Output = StoreResult<Vec<AuditRecord>>> + Send {
         self.inner.query_audit(filter)
+    }
+    fn prepare_audit_periods(&self, now_ms: i64) -> impl Future<Output = StoreResult<()>> + Send {
+        self.inner.prepare_audit_periods(now_ms)
+    }
+    fn prune_audit(
+        &self,
+        before_ms: i64,
+        dry_run: bool,
+    ) -> impl Future<Output = StoreResult<Vec<PrunedPeriod>>> + Send {
+        self.inner.prune_audit(before_ms, dry_run)
     }
 }
 
@@ -1390,7 +1406,7 @@ async fn every_bound_is_invalid_argument_naming_the_field() {
                 caller: None,
                 ..for_capability(ana(), "docs.page.search")
             },
-            "principal",
+            "caller",
         ),
         (
             DecideRequest {
@@ -1422,7 +1438,7 @@ async fn every_bound_is_invalid_argument_naming_the_field() {
         })
         .await
         .unwrap_err();
-    assert_eq!(violations(&listing), ["principal"]);
+    assert_eq!(violations(&listing), ["caller"]);
 
     // An artifact over 8 MiB never reaches the compiler.
     let huge = format!("{POLICY}\n#{}\n", long(8 * 1024 * 1024));
@@ -1447,6 +1463,7 @@ fn with_token<T>(message: T, token: &str) -> Request<T> {
 async fn tokens_are_required_and_roles_enforced(kind: Kind) {
     let harness = Harness::start(kind, |config| {
         config.gateway_tokens = vec![Token::new("edge-gw", b"gateway-secret")];
+        config.asserting_gateway_tokens = vec![Token::new("trusted-gw", b"trusted-secret")];
         config.admin_tokens = vec![Token::new("ops", b"admin-secret")];
     })
     .await;
@@ -1489,8 +1506,15 @@ async fn tokens_are_required_and_roles_enforced(kind: Kind) {
         .unwrap_err();
     assert_eq!(wrong.code(), Code::Unauthenticated);
     assert!(!wrong.message().contains("gateway-secreT"));
-    let answered = decisions
+    // A gateway not trusted to assert may not name the principal itself.
+    let asserting = decisions
         .decide(with_token(ask(), "gateway-secret"))
+        .await
+        .unwrap_err();
+    assert_eq!(asserting.code(), Code::PermissionDenied);
+    assert!(asserting.message().contains("edge-gw"));
+    let answered = decisions
+        .decide(with_token(ask(), "trusted-secret"))
         .await
         .unwrap()
         .into_inner();
@@ -1508,13 +1532,15 @@ async fn tokens_are_required_and_roles_enforced(kind: Kind) {
             .find(|r| r.decision_id == id)
             .map(|r| r.gateway.clone())
     };
-    assert_eq!(gateway_of(&answered.decision_id).as_deref(), Some("edge-gw"));
+    assert_eq!(gateway_of(&answered.decision_id).as_deref(), Some("trusted-gw"));
     assert_eq!(gateway_of(&by_admin.decision_id).as_deref(), Some("ops"));
     let version = harness.store.active_policy().await.unwrap().unwrap();
     assert_eq!(version.author, "ops");
     // No token value ever reaches the audit trail.
     let everything = format!("{audit:?}");
-    assert!(!everything.contains("gateway-secret") && !everything.contains("admin-secret"));
+    for secret in ["gateway-secret", "trusted-secret", "admin-secret"] {
+        assert!(!everything.contains(secret));
+    }
     harness.stop().await;
 }
 

@@ -27,9 +27,10 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use capgate::periphery::store::retention::{self, Period};
 use capgate::periphery::store::{
     connect, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Consumed, Counted, CounterKey, NewPolicy,
-    PostgresStore, PublishOutcome, Remembered, SqliteStore, Store, StoreOptions, StoredPolicy,
+    PostgresStore, PrunedPeriod, PublishOutcome, Remembered, SqliteStore, Store, StoreOptions, StoredPolicy,
 };
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
@@ -91,6 +92,11 @@ suite! {
         appending_again_changes_nothing,
         a_failed_batch_leaves_nothing,
         remembered_responses_round_trip,
+        pruning_drops_whole_months_before_the_cutoff,
+        a_dry_run_drops_nothing,
+        records_far_from_the_prepared_months_are_kept,
+        replaying_across_months_changes_nothing,
+        prepared_months_take_records,
     ],
     pair: [
         concurrent_publishes_one_wins,
@@ -710,6 +716,194 @@ async fn remembered_responses_round_trip<S: Store>(store: S) {
     );
 }
 
+// ── Audit retention ───────────────────────────────────────────────────────
+
+/// Three records in each month from January to June 2025: the month's first
+/// millisecond, one in the middle, its last millisecond.
+fn spread_over_months() -> Vec<AuditRecord> {
+    let mut records = Vec::new();
+    for month in 1..=6 {
+        let start = utc(2025, month, 1);
+        let end = utc(2025, month + 1, 1);
+        for (i, at) in [start, start + 14 * DAY_MS + 1_234, end - 1]
+            .into_iter()
+            .enumerate()
+        {
+            let n = u32::from(month) * 10 + i as u32;
+            records.push(record(n, at, "alice", "tickets.read", "allow", "granted"));
+        }
+    }
+    records
+}
+
+/// What a prune reports for a month of 2025 that held `records`; the name
+/// and the bounds written out independently of `retention.rs`.
+fn month_2025(month: u8, records: u64) -> PrunedPeriod {
+    PrunedPeriod {
+        name: format!("audit_log_p2025_{month:02}"),
+        from_ms: Some(utc(2025, month, 1)),
+        until_ms: utc(2025, month + 1, 1),
+        records,
+    }
+}
+
+async fn pruning_drops_whole_months_before_the_cutoff<S: Store>(store: S) {
+    store
+        .append_audit(&spread_over_months(), &[])
+        .await
+        .expect("append");
+    let before = store.query_audit(&all(1_000)).await.expect("query");
+    assert_eq!(before.len(), 18);
+
+    // Mid-April: January to March go; April holds the cutoff and stays whole.
+    let cutoff = utc(2025, 4, 15) + 12 * 3_600_000;
+    assert_eq!(
+        store.prune_audit(cutoff, false).await.expect("prune"),
+        [month_2025(1, 3), month_2025(2, 3), month_2025(3, 3)]
+    );
+    let kept: Vec<AuditRecord> = before
+        .iter()
+        .filter(|record| record.at_ms >= utc(2025, 4, 1))
+        .cloned()
+        .collect();
+    assert_eq!(store.query_audit(&all(1_000)).await.expect("query"), kept);
+    assert!(
+        kept.iter().any(|record| record.at_ms < cutoff),
+        "April's records before the cutoff are kept"
+    );
+
+    // Nothing more before the same cutoff.
+    assert_eq!(store.prune_audit(cutoff, false).await.expect("prune"), []);
+
+    // A cutoff on a month's first instant takes the month before, not that one.
+    let may = utc(2025, 5, 1);
+    assert_eq!(
+        store.prune_audit(may, false).await.expect("prune"),
+        [month_2025(4, 3)]
+    );
+    let kept: Vec<AuditRecord> = kept.into_iter().filter(|record| record.at_ms >= may).collect();
+    assert_eq!(kept.last().map(|record| record.at_ms), Some(may));
+    assert_eq!(store.query_audit(&all(1_000)).await.expect("query"), kept);
+}
+
+async fn a_dry_run_drops_nothing<S: Store>(store: S) {
+    store
+        .append_audit(&spread_over_months(), &[])
+        .await
+        .expect("append");
+    let before = store.query_audit(&all(1_000)).await.expect("query");
+    let cutoff = utc(2025, 3, 31);
+
+    let would = store.prune_audit(cutoff, true).await.expect("dry run");
+    assert_eq!(would, [month_2025(1, 3), month_2025(2, 3)]);
+    assert_eq!(store.query_audit(&all(1_000)).await.expect("query"), before);
+    assert_eq!(
+        store.prune_audit(cutoff, true).await.expect("dry run"),
+        would,
+        "a dry run can be repeated"
+    );
+
+    // The prune then does what the dry run said.
+    assert_eq!(store.prune_audit(cutoff, false).await.expect("prune"), would);
+    assert_eq!(store.query_audit(&all(1_000)).await.expect("query").len(), 12);
+}
+
+/// Records no prepared partition covers — a broken clock, a replay of old
+/// records — are stored all the same, in the period they belong to.
+async fn records_far_from_the_prepared_months_are_kept<S: Store>(store: S) {
+    store
+        .prepare_audit_periods(utc(2026, 11, 30))
+        .await
+        .expect("prepare");
+    let far = [
+        i64::MIN,
+        retention::MONTHS_START_MS - 1,
+        retention::MONTHS_START_MS,
+        -1,
+        0,
+        utc(1990, 6, 15),
+        utc(2026, 11, 30),
+        utc(2124, 2, 29),
+        retention::MONTHS_END_MS - 1,
+        retention::MONTHS_END_MS,
+        i64::MAX,
+    ];
+    let records: Vec<AuditRecord> = far
+        .iter()
+        .enumerate()
+        .map(|(n, at)| record(n as u32 + 100, *at, "alice", "tickets.read", "allow", "granted"))
+        .collect();
+    // One batch for all of them, and one more with a single far record.
+    store.append_audit(&records[1..], &[]).await.expect("append");
+    store.append_audit(&records[..1], &[]).await.expect("append");
+    let mut expected = records.clone();
+    expected.reverse();
+    assert_eq!(store.query_audit(&all(100)).await.expect("query"), expected);
+
+    // The far past goes in the periods it was filed in; the rest stays.
+    let pruned = store.prune_audit(utc(2000, 1, 1), false).await.expect("prune");
+    let summary: Vec<(&str, Option<i64>, i64, u64)> = pruned
+        .iter()
+        .map(|period| {
+            (
+                period.name.as_str(),
+                period.from_ms,
+                period.until_ms,
+                period.records,
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("audit_log_p_before", None, retention::MONTHS_START_MS, 2),
+            (
+                "audit_log_p0001_01",
+                Some(retention::MONTHS_START_MS),
+                utc(1, 2, 1),
+                1
+            ),
+            ("audit_log_p1969_12", Some(utc(1969, 12, 1)), 0, 1),
+            ("audit_log_p1970_01", Some(0), utc(1970, 2, 1), 1),
+            ("audit_log_p1990_06", Some(utc(1990, 6, 1)), utc(1990, 7, 1), 1),
+        ]
+    );
+    assert_eq!(
+        store.query_audit(&all(100)).await.expect("query"),
+        expected[..5].to_vec()
+    );
+}
+
+async fn replaying_across_months_changes_nothing<S: Store>(store: S) {
+    let records = spread_over_months();
+    store.append_audit(&records[..9], &[]).await.expect("append");
+    // The spool replays everything — half of it a second time — in another
+    // order, with a duplicate inside the batch; and then all of it again.
+    let mut replay = records.clone();
+    replay.reverse();
+    replay.push(records[0].clone());
+    store.append_audit(&replay, &[]).await.expect("replay");
+    store.append_audit(&replay, &[]).await.expect("replay again");
+    let mut expected = records;
+    expected.reverse();
+    assert_eq!(store.query_audit(&all(1_000)).await.expect("query"), expected);
+}
+
+async fn prepared_months_take_records<S: Store>(store: S) {
+    let now = utc(2026, 11, 30) + 3_600_000;
+    store.prepare_audit_periods(now).await.expect("prepare");
+    store.prepare_audit_periods(now).await.expect("prepare again");
+    let records: Vec<AuditRecord> = [now, utc(2026, 12, 1), utc(2027, 1, 31)]
+        .into_iter()
+        .enumerate()
+        .map(|(n, at)| record(n as u32, at, "alice", "tickets.read", "allow", "granted"))
+        .collect();
+    store.append_audit(&records, &[]).await.expect("append");
+    assert_eq!(store.query_audit(&all(10)).await.expect("query").len(), 3);
+    // Nothing of it ends before the current month.
+    assert_eq!(store.prune_audit(now, true).await.expect("dry run"), []);
+}
+
 // ── Dialect-specific behaviour ────────────────────────────────────────────
 
 mod postgres_only {
@@ -775,6 +969,274 @@ mod postgres_only {
         let Some(url) = server_url() else { return };
         let store = connect(&url, &StoreOptions::default()).await.expect("connect");
         assert!(matches!(store, AnyStore::Postgres(_)));
+    }
+
+    /// The partitions of `audit_log`, by name, with their bounds as
+    /// PostgreSQL prints them.
+    async fn partitions(database: &PgConnectOptions) -> Vec<(String, String)> {
+        let mut admin = PgConnection::connect_with(database).await.expect("connect");
+        sqlx::query_as(
+            "SELECT c.relname::text, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i \
+             JOIN pg_class c ON c.oid = i.inhrelid \
+             WHERE i.inhparent = 'audit_log'::regclass ORDER BY 1",
+        )
+        .fetch_all(&mut admin)
+        .await
+        .expect("list the partitions")
+    }
+
+    /// `FOR VALUES FROM (…) TO (…)` for a period, as PostgreSQL prints it.
+    fn printed_bounds(period: Period) -> String {
+        let bound =
+            |ms: Option<i64>, unbounded: &str| ms.map_or(unbounded.to_owned(), |ms| format!("'{ms}'"));
+        format!(
+            "FOR VALUES FROM ({}) TO ({})",
+            bound(period.start_ms(), "MINVALUE"),
+            bound(period.end_ms(), "MAXVALUE")
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn preparing_creates_the_coming_months_once() {
+        on_postgres(|store, replica, database| async move {
+            assert_eq!(partitions(&database).await, [], "a fresh store has none");
+            let now = utc(2026, 11, 30) + 1;
+            let (left, right) = tokio::join!(
+                store.prepare_audit_periods(now),
+                replica.prepare_audit_periods(now)
+            );
+            left.expect("prepare");
+            right.expect("prepare on a replica at the same time");
+            let expected: Vec<(String, String)> = ["2026_11", "2026_12", "2027_01"]
+                .iter()
+                .zip([utc(2026, 11, 1), utc(2026, 12, 1), utc(2027, 1, 1)])
+                .map(|(name, start)| {
+                    let period = Period::containing(start);
+                    (format!("audit_log_p{name}"), printed_bounds(period))
+                })
+                .collect();
+            assert_eq!(partitions(&database).await, expected);
+            // A month later, one more; none twice.
+            store
+                .prepare_audit_periods(utc(2026, 12, 15))
+                .await
+                .expect("prepare");
+            let names: Vec<String> = partitions(&database)
+                .await
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect();
+            assert_eq!(
+                names,
+                [
+                    "audit_log_p2026_11",
+                    "audit_log_p2026_12",
+                    "audit_log_p2027_01",
+                    "audit_log_p2027_02"
+                ]
+            );
+            // An insert far from them makes its own; two replicas missing the
+            // same month at once both get their records in.
+            let late = [record(
+                1,
+                utc(1999, 12, 31),
+                "alice",
+                "tickets.read",
+                "allow",
+                "granted",
+            )];
+            let early = [record(
+                2,
+                utc(1999, 12, 1),
+                "bob",
+                "tickets.read",
+                "allow",
+                "granted",
+            )];
+            let (left, right) =
+                tokio::join!(store.append_audit(&late, &[]), replica.append_audit(&early, &[]));
+            left.expect("append");
+            right.expect("append on a replica at the same time");
+            assert_eq!(partitions(&database).await[0].0, "audit_log_p1999_12");
+            assert_eq!(store.query_audit(&all(10)).await.expect("query").len(), 2);
+        })
+        .await;
+    }
+
+    /// Dropping partitions needs `audit_log` to itself for an instant; the
+    /// writers of newer records wait for that instant, and lose nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn records_keep_arriving_while_months_are_dropped() {
+        on_postgres(|store, replica, _database| async move {
+            store
+                .append_audit(&spread_over_months(), &[])
+                .await
+                .expect("append");
+            let writer = tokio::spawn(async move {
+                let mut written = Vec::new();
+                for n in 0..200u32 {
+                    let at = utc(2026, 11, 1) + i64::from(n) * 60_000;
+                    let batch = [record(1_000 + n, at, "carol", "wiki.read", "allow", "granted")];
+                    replica
+                        .append_audit(&batch, &[])
+                        .await
+                        .expect("append during the prune");
+                    written.extend(batch);
+                }
+                written
+            });
+            let mut dropped = Vec::new();
+            for month in 2..=7 {
+                dropped.extend(
+                    store
+                        .prune_audit(utc(2025, month, 1), false)
+                        .await
+                        .expect("prune"),
+                );
+            }
+            let written = writer.await.expect("the writer");
+            assert_eq!(
+                dropped,
+                (1..=6).map(|month| month_2025(month, 3)).collect::<Vec<_>>()
+            );
+            let mut expected = written;
+            expected.reverse();
+            assert_eq!(store.query_audit(&all(1_000)).await.expect("query"), expected);
+        })
+        .await;
+    }
+
+    /// A database at migration 0001 with rows in it — what a server before
+    /// partitioning left — is migrated to 0002 without losing one, each row
+    /// in the partition `retention.rs` names, and goes on taking records.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_partitioning_migration_keeps_every_row() {
+        let Some(database) = TestDatabase::create().await else {
+            return;
+        };
+        let migrations = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/postgres");
+        let migrator = sqlx::migrate::Migrator::new(migrations)
+            .await
+            .expect("read the migrations");
+        let pool = sqlx::PgPool::connect_with(database.options.clone())
+            .await
+            .expect("connect");
+        migrator.run_to(1, &pool).await.expect("migrate to 0001");
+        let kind: String =
+            sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = 'audit_log'::regclass")
+                .fetch_one(&pool)
+                .await
+                .expect("relkind");
+        assert_eq!(kind, "r", "0001's audit_log is a plain table");
+
+        // 0001-shaped rows, written by the store's own insert (which 0001 takes).
+        let store = PostgresStore::connect_with(database.options.clone(), &StoreOptions::default())
+            .await
+            .expect("open");
+        let mut rows = spread_over_months();
+        for (n, at) in [i64::MIN, -1, 0, retention::MONTHS_END_MS, i64::MAX]
+            .into_iter()
+            .enumerate()
+        {
+            rows.push(record(n as u32 + 200, at, "bob", "wiki.read", "deny", "no_grant"));
+        }
+        rows.push(AuditRecord {
+            decision_id: "full".to_owned(),
+            at_ms: utc(2026, 11, 30),
+            request_id: Some("req-1".to_owned()),
+            gateway: "edge".to_owned(),
+            kind: "list".to_owned(),
+            outcome: "allow".to_owned(),
+            code: Some("granted".to_owned()),
+            path: Some("/grants/0".to_owned()),
+            principal_id: Some("staff:ana".to_owned()),
+            issuer: Some("staff".to_owned()),
+            subject: Some("ana".to_owned()),
+            capability: Some("tickets.read".to_owned()),
+            tool: Some("jira__get_issue".to_owned()),
+            account_id: Some("jira-ro".to_owned()),
+            limit_calls: Some(100),
+            limit_per: Some("1h".to_owned()),
+            usage_calls: Some(42),
+            policy_version: Some(format!("sha256:{:064x}", 1)),
+            policy_revision: Some(7),
+        });
+        store.append_audit(&rows, &[]).await.expect("append to 0001");
+        let before = store.query_audit(&all(1_000)).await.expect("query");
+        assert_eq!(before.len(), rows.len());
+
+        store.migrate().await.expect("migrate to 0002");
+        assert_eq!(store.query_audit(&all(1_000)).await.expect("query"), before);
+
+        // Each row in its month's partition, with the bounds retention.rs computes.
+        let placed: Vec<(String, i64, String)> =
+            sqlx::query_as("SELECT decision_id, at, tableoid::regclass::text FROM audit_log")
+                .fetch_all(&pool)
+                .await
+                .expect("where the rows are");
+        assert_eq!(placed.len(), rows.len());
+        for (id, at, partition) in &placed {
+            assert_eq!(partition, &Period::containing(*at).name(), "{id} at {at}");
+        }
+        for (name, bounds) in partitions(&database.options).await {
+            let period = placed
+                .iter()
+                .find(|(_, _, partition)| *partition == name)
+                .map(|(_, at, _)| Period::containing(*at))
+                .expect("no partition without rows");
+            assert_eq!(bounds, printed_bounds(period), "{name}");
+        }
+
+        // The shape the queries need: partitioned, the key with `at`, the indexes.
+        let kind: String =
+            sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = 'audit_log'::regclass")
+                .fetch_one(&pool)
+                .await
+                .expect("relkind");
+        assert_eq!(kind, "p");
+        let key: String = sqlx::query_scalar(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint \
+             WHERE conrelid = 'audit_log'::regclass AND contype = 'p'",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("primary key");
+        assert_eq!(key, "PRIMARY KEY (decision_id, at)");
+        let indexes: Vec<String> = sqlx::query_scalar(
+            "SELECT indexname::text FROM pg_indexes WHERE tablename = 'audit_log' ORDER BY 1",
+        )
+        .fetch_all(&pool)
+        .await
+        .expect("indexes");
+        assert_eq!(
+            indexes,
+            [
+                "audit_log_account_at",
+                "audit_log_at",
+                "audit_log_capability_at",
+                "audit_log_code_at",
+                "audit_log_outcome_at",
+                "audit_log_pkey",
+                "audit_log_principal_at",
+            ]
+        );
+        let leftover: Option<String> =
+            sqlx::query_scalar("SELECT to_regclass('audit_log_partitioned')::text")
+                .fetch_one(&pool)
+                .await
+                .expect("leftover");
+        assert_eq!(leftover, None);
+
+        // The old rows are replayed idempotently, and new ones go in.
+        let new = record(999, utc(2027, 3, 3), "carol", "wiki.read", "allow", "granted");
+        let mut again = rows.clone();
+        again.push(new.clone());
+        store.append_audit(&again, &[]).await.expect("append after 0002");
+        let after = store.query_audit(&all(1_000)).await.expect("query");
+        assert_eq!(after.len(), rows.len() + 1);
+        assert!(after.contains(&new));
+        pool.close().await;
+        drop(database);
     }
 
     async fn expect_notified(store: &PostgresStore) {
@@ -1038,4 +1500,15 @@ fn remembered_answer(decision_id: &str, response: &[u8]) -> Remembered {
         response: response.to_vec(),
         at_ms: 1_000,
     }
+}
+
+const DAY_MS: i64 = 86_400_000;
+
+/// Midnight UTC of a date, through the `time` crate; `month` 13 is January
+/// of the next year.
+fn utc(year: i32, month: u8, day: u8) -> i64 {
+    let (year, month) = if month == 13 { (year + 1, 1) } else { (year, month) };
+    let month = time::Month::try_from(month).expect("a month");
+    let date = time::Date::from_calendar_date(year, month, day).expect("a date");
+    i64::try_from(date.midnight().assume_utc().unix_timestamp_nanos() / 1_000_000).expect("in range")
 }

@@ -6,7 +6,10 @@
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 
 pub mod cli;
+pub mod identity;
 #[cfg(feature = "server")]
 pub mod server;
 #[cfg(feature = "server")]
 pub mod store;
+#[cfg(feature = "server")]
+pub mod telemetry;

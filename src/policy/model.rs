@@ -163,6 +163,8 @@ impl Declared {
                     .unwrap_or(IssuerKind::StaticKey),
                 attributes: string_pairs(node.get("attributes")),
                 subject: node.get("subject").and_then(NodeRef::as_str).map(str::to_owned),
+                discovery: node.get("discovery").and_then(NodeRef::as_str).map(str::to_owned),
+                audience: node.get("audience").and_then(NodeRef::as_str).map(str::to_owned),
                 secret_ref: node
                     .get("secret")
                     .and_then(|s| s.get("ref"))

@@ -35,6 +35,10 @@ pub struct Issuer {
     /// The attribute map as written: name → `claim:…`, `dn:…` or a literal.
     pub attributes: Vec<(String, String)>,
     pub subject: Option<String>,
+    /// An `oidc` issuer's discovery document URL (needed to authenticate).
+    pub discovery: Option<String>,
+    /// An `oidc` issuer's expected `aud`, when declared.
+    pub audience: Option<String>,
     /// Where a static key lives; a reference, never the key.
     pub secret_ref: Option<String>,
     /// `/principals/issuers/i`.
@@ -45,6 +49,17 @@ impl Issuer {
     /// Whether the issuer declares an attribute of that name.
     pub fn declares(&self, name: &str) -> bool {
         self.attributes.iter().any(|(declared, _)| declared == name)
+    }
+
+    /// Whether the service can authenticate a credential of this issuer
+    /// (policy-core §3.2 step 1): an `oidc` issuer needs `discovery`, a
+    /// `static-key` issuer `subject` and `secret`; `mtls` needs nothing.
+    pub fn can_authenticate(&self) -> bool {
+        match self.kind {
+            IssuerKind::Oidc => self.discovery.is_some(),
+            IssuerKind::StaticKey => self.subject.is_some() && self.secret_ref.is_some(),
+            IssuerKind::Mtls => true,
+        }
     }
 
     /// For a static-key issuer, the literal attribute values every principal

@@ -5,6 +5,7 @@
 //! Architecture invariant: a `Principal` never carries credential material,
 //! not even a hash; authentication happened at the edge.
 
+pub mod credential;
 mod issuer;
 mod normalize;
 

@@ -156,6 +156,8 @@ mod tests {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
             subject: None,
+            discovery: None,
+            audience: None,
             secret_ref: None,
             path: "/principals/issuers/0".into(),
         }

@@ -10,6 +10,7 @@
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 
 pub mod client;
+pub mod oidc;
 pub mod postgres;
 pub mod process;
 pub mod proxy;

@@ -30,11 +30,18 @@ impl Serve {
     /// Starts `capgate serve --listen 127.0.0.1:0 --log-format json ARGS`
     /// and returns once it listens.
     pub async fn start(args: &[&str]) -> Serve {
+        Serve::start_with_env(args, &[]).await
+    }
+
+    /// As [`Serve::start`], with environment variables set for the process
+    /// (`CAPGATE_LOG` among them, which is otherwise `info`).
+    pub async fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Serve {
         let mut child = Command::new(env!("CARGO_BIN_EXE_capgate"))
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
             .args(args)
             .env("CAPGATE_LOG", "info")
+            .envs(env.iter().copied())
             .env_remove("CAPGATE_DATABASE_URL")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

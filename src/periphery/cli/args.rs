@@ -6,10 +6,11 @@
 use std::path::PathBuf;
 
 use crate::access::Instant;
+use crate::periphery::identity::{self, jwt, KeyedIssuer, Presented, StaticKeys};
 use crate::policy::CompiledPolicy;
-use crate::principals::{resolve_asserted, AuthProblem, Resolution};
+use crate::principals::{resolve_asserted, AuthProblem, IssuerKind, Resolution};
 
-use super::instant;
+use super::{instant, Failure};
 
 /// `--catalog` and `--json`, which every dry-run command but `schema` takes.
 #[derive(Debug, clap::Args)]
@@ -22,31 +23,123 @@ pub struct Common {
     pub json: bool,
 }
 
-/// The asserted principal of `explain` and `visible`.
+/// Who asks, for `explain` and `visible`: a principal given by its parts, or
+/// a credential checked as the service would, offline.
 #[derive(Debug, clap::Args)]
 pub struct Asserted {
-    /// The issuer id, as declared under `principals.issuers`.
-    #[arg(long, value_name = "I")]
-    pub issuer: String,
+    /// The issuer id, as declared under `principals.issuer`. With a credential, the optional issuer
+    /// hint.
+    #[arg(long, value_name = "I", required_unless_present_any = ["token", "api_key", "client_dn"])]
+    pub issuer: Option<String>,
     /// The subject, used as given.
-    #[arg(long, value_name = "S")]
-    pub subject: String,
+    #[arg(
+        long,
+        value_name = "S",
+        required_unless_present_any = ["token", "api_key", "client_dn"],
+        conflicts_with_all = ["token", "api_key", "client_dn"]
+    )]
+    pub subject: Option<String>,
     /// A principal attribute `k=v`; repeating a key makes it multi-valued (no attribute).
-    #[arg(long = "attr", value_name = "K=V", value_parser = parse_attr)]
+    #[arg(long = "attr", value_name = "K=V", value_parser = parse_attr, conflicts_with_all = ["token", "api_key", "client_dn"])]
     pub attrs: Vec<Attr>,
+    /// A bearer JWT of an `oidc` issuer, verified against `--jwks` (signature, `iss`, `aud`, `exp`,
+    /// `nbf` at `--at`).
+    #[arg(long, value_name = "JWT", conflicts_with_all = ["api_key", "client_dn"])]
+    pub token: Option<String>,
+    /// The issuer's key set (a JWKS JSON file) to verify `--token` with, offline.
+    #[arg(long, value_name = "FILE", requires = "token")]
+    pub jwks: Option<PathBuf>,
+    /// A `static-key` issuer's key, compared with the keys the issuers' `env://` and `file://`
+    /// references hold on this machine.
+    #[arg(long, value_name = "KEY", conflicts_with = "client_dn")]
+    pub api_key: Option<String>,
+    /// A client certificate's DN or an Envoy `x-forwarded-client-cert` value, for an `mtls` issuer.
+    #[arg(long, value_name = "DN")]
+    pub client_dn: Option<String>,
 }
 
 impl Asserted {
-    /// Resolves the principal as the dry run does: the issuer only has to be
-    /// declared, and a static-key issuer's literal attributes are defaults.
-    pub fn resolve(&self, policy: &CompiledPolicy) -> Result<Resolution, AuthProblem> {
+    /// Resolves the principal as the dry run does. Given by its parts, the
+    /// issuer only has to be declared and a static-key issuer's literal
+    /// attributes are defaults. Given a credential, it is authenticated as
+    /// the service would at `at`; only reading `--jwks` can fail the command.
+    pub fn resolve(
+        &self,
+        policy: &CompiledPolicy,
+        at: Instant,
+    ) -> Result<Result<Resolution, AuthProblem>, Failure> {
+        let hint = self.issuer.as_deref();
+        if let Some(token) = &self.token {
+            let Some(path) = self.jwks.as_deref() else {
+                return Err(Failure::Usage(
+                    "`--token` needs `--jwks FILE`: the issuer's key set to verify it with, offline"
+                        .to_owned(),
+                ));
+            };
+            let bytes = std::fs::read(path).map_err(|error| {
+                Failure::Input(format!("cannot read `{}`: {}", path.display(), error.kind()))
+            })?;
+            let keys = jwt::parse_jwks(&bytes).map_err(|error| {
+                Failure::Input(format!("`{}` is not a usable JWK set: {error}", path.display()))
+            })?;
+            return Ok(offline_bearer(policy, hint, token, &keys, at));
+        }
+        if let Some(key) = &self.api_key {
+            let presented = Presented::ApiKey(key);
+            if let Err(problem) = presented.check() {
+                return Ok(Err(problem));
+            }
+            let keys = StaticKeys::resolve(&policy.issuers, identity::read_reference, |issuer, problem| {
+                eprintln!("warning: the key of issuer `{issuer}` cannot be read here: {problem}");
+            });
+            return Ok(keys.authenticate(&policy.issuers, hint, key));
+        }
+        if let Some(forwarded) = &self.client_dn {
+            if let Err(problem) = Presented::ClientCertificate(forwarded).check() {
+                return Ok(Err(problem));
+            }
+            return Ok(identity::client_certificate(&policy.issuers, hint, forwarded));
+        }
         let pairs: Vec<(&str, &str)> = self
             .attrs
             .iter()
             .map(|attr| (attr.key.as_str(), attr.value.as_str()))
             .collect();
-        resolve_asserted(policy.issuer(&self.issuer), &self.subject, &pairs, true)
+        let issuer = hint.and_then(|id| policy.issuer(id));
+        Ok(resolve_asserted(
+            issuer,
+            self.subject.as_deref().unwrap_or_default(),
+            &pairs,
+            true,
+        ))
     }
+}
+
+/// A bearer token checked against a local key set: the issuer is the hint,
+/// or the `oidc` issuers whose issuer URL (the discovery URL without
+/// `/.well-known/openid-configuration`) is the token's `iss`.
+fn offline_bearer(
+    policy: &CompiledPolicy,
+    hint: Option<&str>,
+    token: &str,
+    keys: &jwt::Jwks,
+    at: Instant,
+) -> Result<Resolution, AuthProblem> {
+    Presented::BearerToken(token).check()?;
+    let claimed = jwt::peek(token).map_err(|error| error.problem())?.issuer;
+    let candidates = identity::candidates(&policy.issuers, IssuerKind::Oidc, hint)?;
+    let keyed: Vec<KeyedIssuer<'_, &jwt::Jwks>> = candidates
+        .into_iter()
+        .filter_map(|issuer| {
+            let issuer_url = identity::issuer_url_of(issuer.discovery.as_deref()?)?.to_owned();
+            (hint.is_some() || claimed.as_deref() == Some(issuer_url.as_str())).then_some(KeyedIssuer {
+                issuer,
+                issuer_url,
+                keys,
+            })
+        })
+        .collect();
+    identity::verify_bearer(&keyed, token, at).1
 }
 
 /// One `--attr k=v`.

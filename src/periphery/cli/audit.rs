@@ -3,6 +3,11 @@
 //! first, read from the store directly (`--database-url`). `--since` is
 //! inclusive, `--until` exclusive; both take RFC 3339 instants as `explain
 //! --at` does. `--json` prints an array of records with the table's columns.
+//!
+//! `capgate audit prune --before T` removes whole months of it (`prune.rs`);
+//! the filters belong to the query and cannot be combined with it.
+
+pub mod prune;
 
 use std::fmt::Write as _;
 
@@ -16,7 +21,23 @@ use super::remote::{runtime, Database};
 use super::{instant, Exit, Failure, Outcome};
 
 #[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub query: Query,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Drop the audit records of every whole month before an instant.
+    Prune(prune::Args),
+}
+
+/// The filters of a query (`capgate audit` without a subcommand).
+#[derive(Debug, clap::Args)]
+pub struct Query {
     /// Only this principal (`issuer:subject`).
     #[arg(long, value_name = "P")]
     pub principal: Option<String>,
@@ -46,6 +67,13 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<Outcome, Failure> {
+    match &args.command {
+        Some(Command::Prune(prune)) => prune::run(prune),
+        None => query(&args.query),
+    }
+}
+
+fn query(args: &Query) -> Result<Outcome, Failure> {
     let filter = AuditFilter {
         principal_id: args.principal.clone(),
         capability: args.capability.clone(),

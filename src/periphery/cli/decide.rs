@@ -12,9 +12,9 @@ use crate::access::ReasonCode;
 use crate::periphery::server::convert;
 use crate::periphery::server::proto::decision_service_client::DecisionServiceClient;
 use crate::periphery::server::proto::{
-    decide_request, decide_response, transport, Account, AssertedPrincipal, Attribute, DecideRequest,
-    DecideResponse, Decision, Limits, Outcome as ProtoOutcome, Position, Reason, Tool, Transport,
-    Unauthenticated, UnknownTool,
+    credential, decide_request, decide_response, transport, Account, AssertedPrincipal, Attribute,
+    Credential, DecideRequest, DecideResponse, Decision, Limits, Outcome as ProtoOutcome, Position, Reason,
+    Tool, Transport, Unauthenticated, UnknownTool,
 };
 use crate::principals::AuthProblem;
 
@@ -25,7 +25,9 @@ use super::{instant, Exit, Failure, Outcome};
 #[derive(Debug, clap::Args)]
 #[command(group = clap::ArgGroup::new("target").required(true).args(["capability", "tool"]))]
 pub struct Args {
-    /// The principal the gateway asserts.
+    /// Who calls: a principal the gateway asserts (the server must trust the
+    /// token to assert), or the caller's own credential, which the server
+    /// authenticates (`--jwks` is not used here).
     #[command(flatten)]
     pub principal: Asserted,
     /// The capability id to decide on.
@@ -45,12 +47,29 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<Outcome, Failure> {
+    let who = &args.principal;
+    let hint = who.issuer.clone().unwrap_or_default();
+    let credential = |kind| {
+        decide_request::Caller::Credential(Credential {
+            kind: Some(kind),
+            issuer: hint.clone(),
+        })
+    };
+    let caller = if let Some(token) = &who.token {
+        credential(credential::Kind::BearerToken(token.clone()))
+    } else if let Some(key) = &who.api_key {
+        credential(credential::Kind::ApiKey(key.clone()))
+    } else if let Some(forwarded) = &who.client_dn {
+        credential(credential::Kind::ClientCertificate(forwarded.clone()))
+    } else {
+        decide_request::Caller::Principal(AssertedPrincipal {
+            issuer: hint.clone(),
+            subject: who.subject.clone().unwrap_or_default(),
+            attributes: attributes(&who.attrs),
+        })
+    };
     let request = DecideRequest {
-        caller: Some(decide_request::Caller::Principal(AssertedPrincipal {
-            issuer: args.principal.issuer.clone(),
-            subject: args.principal.subject.clone(),
-            attributes: attributes(&args.principal.attrs),
-        })),
+        caller: Some(caller),
         target: match (&args.tool, &args.capability) {
             (Some(tool), _) => Some(decide_request::Target::Tool(tool.clone())),
             (None, Some(capability)) => Some(decide_request::Target::Capability(capability.clone())),

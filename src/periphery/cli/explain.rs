@@ -90,7 +90,8 @@ pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
             Exit::Findings,
         ));
     };
-    let explanation = explain(args, policy, at, usage);
+    let resolution = args.principal.resolve(policy, at)?;
+    let explanation = explain(args, policy, at, usage, resolution);
     let document = loaded.compilation.document.as_ref();
     let stdout = if args.common.json {
         super::to_json(&to_json(&loaded, document, &explanation))
@@ -100,8 +101,13 @@ pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
     Ok(Outcome::stdout(stdout, Exit::Done))
 }
 
-fn explain<'a>(args: &'a Args, policy: &'a CompiledPolicy, at: Instant, usage: Usage) -> Explanation<'a> {
-    let resolution = args.principal.resolve(policy);
+fn explain<'a>(
+    args: &'a Args,
+    policy: &'a CompiledPolicy,
+    at: Instant,
+    usage: Usage,
+    resolution: Result<Resolution, AuthProblem>,
+) -> Explanation<'a> {
     let asked_tool = args.tool.as_deref();
     let (capability, tool) = match (args.capability.as_deref(), asked_tool) {
         (Some(capability), _) => (Some(capability), None),

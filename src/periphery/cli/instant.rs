@@ -19,8 +19,7 @@ pub fn parse(text: &str) -> Result<Instant, String> {
         bytes: text.as_bytes(),
         at: 0,
     };
-    let shape = "expected an RFC 3339 instant such as `2026-01-02T15:04:05Z`";
-    let fields = lexer.fields().ok_or_else(|| shape.to_owned())?;
+    let fields = lexer.fields().ok_or_else(|| SHAPE.to_owned())?;
     let Fields {
         year,
         month,
@@ -66,6 +65,34 @@ pub fn parse(text: &str) -> Result<Instant, String> {
         return Err("the instant falls outside the years 0000-9999 in UTC".to_owned());
     }
     Instant::try_from(utc).map_err(|_| "the instant is out of range".to_owned())
+}
+
+/// What [`parse`] says of text that is not an instant at all.
+const SHAPE: &str = "expected an RFC 3339 instant such as `2026-01-02T15:04:05Z`";
+
+/// An instant as [`parse`] takes it, or a date `YYYY-MM-DD` standing for its
+/// first instant in UTC (`audit prune --before`, where whole days are the
+/// natural unit).
+#[cfg(feature = "server")]
+pub fn parse_instant_or_date(text: &str) -> Result<Instant, String> {
+    let is_date = text.len() == 10
+        && text.bytes().enumerate().all(|(at, byte)| {
+            if at == 4 || at == 7 {
+                byte == b'-'
+            } else {
+                byte.is_ascii_digit()
+            }
+        });
+    if is_date {
+        return parse(&format!("{text}T00:00:00Z"));
+    }
+    parse(text).map_err(|problem| {
+        if problem == SHAPE {
+            format!("{SHAPE} or a date such as `2026-01-02`")
+        } else {
+            problem
+        }
+    })
 }
 
 /// 0000-01-01T00:00:00Z and 9999-12-31T23:59:59.999Z.
@@ -276,6 +303,28 @@ mod tests {
         assert_eq!(parse("0000-01-01T00:00:00Z"), Ok(FIRST));
         assert_eq!(parse("9999-12-31T23:59:59.999Z"), Ok(LAST));
         assert_eq!(parse("0000-01-01T23:59:00+23:59"), Ok(FIRST));
+    }
+
+    #[cfg(feature = "server")]
+    #[test]
+    fn a_date_is_its_first_instant_in_utc() {
+        assert_eq!(parse_instant_or_date("1970-01-02"), Ok(DAY));
+        assert_eq!(parse_instant_or_date("1970-01-02T00:00:00.5Z"), Ok(DAY + 500));
+        assert_eq!(
+            parse_instant_or_date("2026-02-29").unwrap_err(),
+            "day `29` does not exist in 2026-02"
+        );
+        for text in [
+            "",
+            "2026-1-02",
+            "2026-01-02Z",
+            "2026/01/02",
+            "20260102",
+            "next tuesday",
+        ] {
+            let problem = parse_instant_or_date(text).unwrap_err();
+            assert!(problem.contains("or a date such as"), "{text:?}: {problem}");
+        }
     }
 
     #[test]

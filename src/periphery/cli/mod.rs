@@ -98,7 +98,7 @@ enum Command {
     /// List stored policy versions, or activate one (rollback).
     #[cfg(feature = "server")]
     Policies(policies::Args),
-    /// Query the audit trail in the store.
+    /// Query the audit trail in the store, or prune whole months of it.
     #[cfg(feature = "server")]
     Audit(audit::Args),
     /// Measure the decision service under load (a benchmark: loopback, bounded).

@@ -1,8 +1,10 @@
 //! `capgate serve`: the decision service (service.md). Runs until SIGTERM or
 //! SIGINT, then stops accepting, finishes the calls in flight, flushes the
-//! audit writer and exits 0. Logs go to standard error (`--log-format`,
-//! filtered by `CAPGATE_LOG`, e.g. `CAPGATE_LOG=debug`); they never carry a
-//! token, a credential or a secret.
+//! audit writer, flushes telemetry and exits 0. Logs go to standard error
+//! (`--log-format`, filtered by `CAPGATE_LOG`, e.g. `CAPGATE_LOG=debug`);
+//! traces and metrics go over OTLP with `--otlp-endpoint` and to
+//! `--metrics-listen` as Prometheus text (`periphery/telemetry`). None of them
+//! carries a token, a credential or a secret.
 //!
 //! A `--policy` that does not compile stops the start with the report
 //! `validate` prints (exit 1); a configuration that cannot be used is a
@@ -13,6 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::periphery::server::{self, Config, ConfigError, PolicyFile, StartError, Tls, Token};
+use crate::periphery::telemetry::{self, Telemetry, TelemetryError};
 
 use super::input::{Inputs, Loaded};
 use super::remote::{parse_duration, runtime, Database};
@@ -52,6 +55,11 @@ pub struct Args {
     /// NAME is the gateway's identity in the audit trail.
     #[arg(long, value_name = "NAME=REF")]
     pub gateway_token: Vec<String>,
+    /// A gateway token also trusted to assert a principal instead of
+    /// forwarding the caller's credential, as for `--gateway-token`. Other
+    /// gateways asserting a principal get PERMISSION_DENIED.
+    #[arg(long, value_name = "NAME=REF")]
+    pub asserting_gateway_token: Vec<String>,
     /// An admin token (publish, activate, read policies), as for `--gateway-token`.
     #[arg(long, value_name = "NAME=REF")]
     pub admin_token: Vec<String>,
@@ -67,16 +75,25 @@ pub struct Args {
     /// `human` or `json` log lines.
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Human)]
     pub log_format: LogFormat,
+    /// Export traces and metrics over OTLP/gRPC to this collector (`http://HOST:4317`, or
+    /// `https://` with `--otlp-ca`).
+    #[arg(long, value_name = "URL", value_parser = telemetry::parse_otlp_endpoint)]
+    pub otlp_endpoint: Option<String>,
+    /// The CA (PEM) that signs an `https://` collector's certificate.
+    #[arg(long, value_name = "FILE", requires = "otlp_endpoint")]
+    pub otlp_ca: Option<PathBuf>,
+    /// How often metrics are exported over OTLP (and the longest a span waits to be sent).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub otlp_interval: Duration,
+    /// Serve the metrics as Prometheus text at `http://ADDR/metrics` (no token: they hold no
+    /// secret; see docs/decisions/0010-telemetry.md).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    Human,
-    Json,
-}
+pub use crate::periphery::telemetry::LogFormat;
 
 pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
-    init_logging(args.log_format);
     let policy = match &args.policy {
         None => None,
         Some(path) => {
@@ -100,16 +117,21 @@ pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
         }
     };
     let config = config(args, policy)?;
-    runtime()?
-        .block_on(server::run(
-            &args.database.database_url,
-            config,
-            shutdown_signal(),
-        ))
-        .map_err(|error| match error {
+    let telemetry = telemetry_options(args)?;
+    runtime()?.block_on(async {
+        // Logs, exporters and the metrics endpoint first; flushed once the server has drained,
+        // so that the last decisions and audit commits are in the final export.
+        let telemetry = Telemetry::start(&telemetry).await.map_err(|error| match error {
+            TelemetryError::Config(problem) => Failure::Usage(problem),
+            bind @ TelemetryError::Bind { .. } => Failure::Input(bind.to_string()),
+        })?;
+        let served = server::run(&args.database.database_url, config, shutdown_signal()).await;
+        telemetry.shutdown().await;
+        served.map_err(|error| match error {
             StartError::Config(error) => Failure::Usage(error.to_string()),
             other => Failure::Input(other.to_string()),
-        })?;
+        })
+    })?;
     Ok(Outcome {
         stdout: String::new(),
         stderr: String::new(),
@@ -132,6 +154,12 @@ fn config(args: &Args, policy: Option<PolicyFile>) -> Result<Config, Failure> {
         .map(|spec| Token::resolve("--gateway-token", spec))
         .collect::<Result<_, _>>()
         .map_err(usage)?;
+    config.asserting_gateway_tokens = args
+        .asserting_gateway_token
+        .iter()
+        .map(|spec| Token::resolve("--asserting-gateway-token", spec))
+        .collect::<Result<_, _>>()
+        .map_err(usage)?;
     config.admin_tokens = args
         .admin_token
         .iter()
@@ -149,6 +177,21 @@ fn config(args: &Args, policy: Option<PolicyFile>) -> Result<Config, Failure> {
     Ok(config)
 }
 
+fn telemetry_options(args: &Args) -> Result<telemetry::Options, Failure> {
+    if args.otlp_interval.is_zero() {
+        return Err(Failure::Usage(
+            "`--otlp-interval` must be longer than 0ms".to_owned(),
+        ));
+    }
+    Ok(telemetry::Options {
+        log_format: args.log_format,
+        otlp_endpoint: args.otlp_endpoint.clone(),
+        otlp_ca: args.otlp_ca.as_deref().map(read_bytes).transpose()?,
+        otlp_interval: args.otlp_interval,
+        metrics_listen: args.metrics_listen,
+    })
+}
+
 fn read_bytes(path: &std::path::Path) -> Result<Vec<u8>, Failure> {
     std::fs::read(path)
         .map_err(|error| Failure::Input(format!("cannot read `{}`: {}", path.display(), error.kind())))
@@ -157,21 +200,6 @@ fn read_bytes(path: &std::path::Path) -> Result<Vec<u8>, Failure> {
 fn read_text(path: &std::path::Path) -> Result<String, Failure> {
     String::from_utf8(read_bytes(path)?)
         .map_err(|_| Failure::Input(format!("`{}` is not UTF-8", path.display())))
-}
-
-fn init_logging(format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("CAPGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(terminal)
-        .with_writer(std::io::stderr);
-    // A subscriber set already (a test harness) stays.
-    let _ = match format {
-        LogFormat::Human => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
 }
 
 /// Resolves on SIGINT or SIGTERM.

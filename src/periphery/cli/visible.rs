@@ -46,7 +46,9 @@ pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
             Exit::Findings,
         ));
     };
-    let listing = list(args, policy);
+    // A credential's `exp` and `nbf` are checked now.
+    let resolution = args.principal.resolve(policy, super::instant::now())?;
+    let listing = list(policy, resolution);
     let stdout = if args.common.json {
         super::to_json(&to_json(&loaded, &listing))
     } else {
@@ -55,8 +57,7 @@ pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
     Ok(Outcome::stdout(stdout, Exit::Done))
 }
 
-fn list<'p>(args: &Args, policy: &'p CompiledPolicy) -> Listing<'p> {
-    let resolution = args.principal.resolve(policy);
+fn list<'p>(policy: &'p CompiledPolicy, resolution: Result<Resolution, AuthProblem>) -> Listing<'p> {
     // `at` only matters to the ceiling check, which a listing skips.
     let capabilities = match &resolution {
         Ok(resolution) => visible(&policy.ruleset, &resolution.principal, 0),

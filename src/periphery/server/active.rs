@@ -21,8 +21,10 @@ use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 use crate::capabilities::Catalog;
+use crate::periphery::identity::{read_reference, StaticKeys};
 use crate::periphery::store::{Store, StoreError, StoredPolicy};
 use crate::policy::{compile, load_catalog, CompiledPolicy, Diagnostic, Document};
+use crate::principals::Issuer;
 
 use super::proto::decision_service_server::DecisionServiceServer;
 use super::proto::policy_service_server::PolicyServiceServer;
@@ -38,9 +40,30 @@ pub struct Active {
     /// `sha256:…` of the catalog text it was compiled with, if any: with the
     /// version, what tells an identical publish from a new one.
     pub catalog_version: Option<String>,
+    /// The `static-key` issuers' keys, read when this version was installed.
+    pub static_keys: StaticKeys,
 }
 
 impl Active {
+    /// A compiled version ready to install; reads its static keys.
+    pub fn new(
+        revision: u64,
+        version: String,
+        policy: CompiledPolicy,
+        document: Document,
+        catalog_version: Option<String>,
+    ) -> Self {
+        let static_keys = read_static_keys(&policy.issuers, revision);
+        Active {
+            revision,
+            version,
+            policy,
+            document,
+            catalog_version,
+            static_keys,
+        }
+    }
+
     /// The position of a pointer in this version's artifact.
     pub fn document(&self) -> Option<&Document> {
         Some(&self.document)
@@ -159,6 +182,7 @@ impl ActivePolicy {
 
     async fn install(&self, next: Arc<Active>) {
         let previous = self.current.send_replace(Some(next.clone()));
+        crate::periphery::telemetry::metrics().policy_installed(next.revision);
         tracing::info!(
             revision = next.revision,
             version = %next.version,
@@ -236,13 +260,13 @@ async fn compile_stored(stored: StoredPolicy) -> Result<Active, RefreshError> {
             policy,
             document,
             diagnostics: _,
-        } => Ok(Active {
+        } => Ok(Active::new(
             revision,
             version,
-            policy: *policy,
-            document: *document,
+            *policy,
+            *document,
             catalog_version,
-        }),
+        )),
         Compiled::Rejected { diagnostics } => Err(RefreshError::Uncompilable {
             revision,
             problem: format!(
@@ -256,4 +280,27 @@ async fn compile_stored(stored: StoredPolicy) -> Result<Active, RefreshError> {
         }),
         Compiled::BadCatalog(problem) => Err(RefreshError::Uncompilable { revision, problem }),
     }
+}
+
+/// Reads the static keys a version's issuers reference (`env://`,
+/// `file://`). One that cannot be read authenticates nobody; the log names
+/// the issuer and why, never a value.
+fn read_static_keys(issuers: &[Issuer], revision: u64) -> StaticKeys {
+    let keys = StaticKeys::resolve(issuers, read_reference, |issuer, problem| {
+        tracing::warn!(
+            revision,
+            issuer,
+            problem,
+            "a static key cannot be read; its keys are refused"
+        );
+    });
+    for (first, second) in keys.shared() {
+        tracing::warn!(
+            revision,
+            first,
+            second,
+            "two static-key issuers share one key; that key authenticates neither without an issuer hint"
+        );
+    }
+    keys
 }

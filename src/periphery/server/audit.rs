@@ -27,6 +27,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::periphery::store::{AuditRecord, Remembered, Store};
+use crate::periphery::telemetry::{metrics, CallResult};
 
 /// A response to remember for an idempotent retry: `(gateway, request_id, response)`.
 pub type RememberedEntry = (String, String, Remembered);
@@ -171,8 +172,15 @@ async fn commit<S: Store>(
         remembered.extend(job.remembered);
         acks.push(job.ack);
     }
-    let outcome = match tokio::time::timeout(options.timeout, store.append_audit(&records, &remembered)).await
-    {
+    let started = std::time::Instant::now();
+    let committed = tokio::time::timeout(options.timeout, store.append_audit(&records, &remembered)).await;
+    let result = match &committed {
+        Ok(Ok(())) => CallResult::Ok,
+        Ok(Err(_)) => CallResult::Error,
+        Err(_) => CallResult::Timeout,
+    };
+    metrics().audit_commit(records.len(), result, started.elapsed());
+    let outcome = match committed {
         Ok(Ok(())) => Ok(Durable::Stored),
         failed => {
             let problem = match failed {

@@ -1,16 +1,21 @@
 //! Who may call the service (service.md §6): bearer tokens in the
 //! `authorization` metadata, compared in constant time, and two roles.
 //!
-//! | call | gateway token | admin token |
-//! |---|---|---|
-//! | `Decide`, `ListVisible` | yes | yes |
-//! | every `PolicyService` call | no (`PERMISSION_DENIED`) | yes |
+//! | call | gateway token | asserting gateway token | admin token |
+//! |---|---|---|---|
+//! | `Decide`, `ListVisible` with a credential | yes | yes | yes |
+//! | `Decide`, `ListVisible` asserting a principal | no (`PERMISSION_DENIED`) | yes | yes |
+//! | every `PolicyService` call | no (`PERMISSION_DENIED`) | no | yes |
+//!
+//! A gateway that may assert any principal can become anyone, so asserting
+//! is a separate grant (`--asserting-gateway-token`). An admin may assert:
+//! it can publish any policy anyway.
 //!
 //! Reading the policy is admin-only too: the artifact is the whole
 //! authorisation map, and a gateway only needs the decisions.
 //!
 //! With no token configured the server only listens on loopback (checked at
-//! start-up) and every caller is `loopback`, with both roles.
+//! start-up) and every caller is `loopback`, with every role.
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -36,22 +41,52 @@ pub enum Role {
 pub struct Caller {
     pub name: String,
     pub admin: bool,
+    /// Whether it may assert a principal instead of forwarding a credential.
+    pub may_assert: bool,
+}
+
+impl Caller {
+    /// Refuses an asserted principal from a caller not trusted to assert.
+    pub fn check_may_assert(&self) -> Result<(), Status> {
+        if self.may_assert {
+            Ok(())
+        } else {
+            Err(Status::permission_denied(format!(
+                "`{}` may not assert a principal: forward the caller's `credential`, \
+                 or configure the token with `--asserting-gateway-token`",
+                self.name
+            )))
+        }
+    }
 }
 
 /// The configured tokens.
 #[derive(Debug, Clone, Default)]
 pub struct Tokens {
     gateway: Vec<Token>,
+    asserting: Vec<Token>,
     admin: Vec<Token>,
 }
 
+/// What a token is for.
+#[derive(Clone, Copy)]
+enum Kind {
+    Gateway,
+    Asserting,
+    Admin,
+}
+
 impl Tokens {
-    pub fn new(gateway: Vec<Token>, admin: Vec<Token>) -> Self {
-        Tokens { gateway, admin }
+    pub fn new(gateway: Vec<Token>, asserting: Vec<Token>, admin: Vec<Token>) -> Self {
+        Tokens {
+            gateway,
+            asserting,
+            admin,
+        }
     }
 
     fn open(&self) -> bool {
-        self.gateway.is_empty() && self.admin.is_empty()
+        self.gateway.is_empty() && self.asserting.is_empty() && self.admin.is_empty()
     }
 
     /// Checks the call's bearer token for `role`. Messages never repeat what
@@ -61,6 +96,7 @@ impl Tokens {
             return Ok(Caller {
                 name: LOOPBACK.to_owned(),
                 admin: true,
+                may_assert: true,
             });
         }
         let Some(value) = metadata.get("authorization") else {
@@ -77,17 +113,16 @@ impl Tokens {
         // Every token is compared, whatever matched, so the time taken says
         // nothing about which one (or whether any) did.
         let mut found: Option<Caller> = None;
-        for (token, admin) in self
-            .admin
-            .iter()
-            .map(|token| (token, true))
-            .chain(self.gateway.iter().map(|token| (token, false)))
-        {
+        let all = (self.admin.iter().map(|token| (token, Kind::Admin)))
+            .chain(self.asserting.iter().map(|token| (token, Kind::Asserting)))
+            .chain(self.gateway.iter().map(|token| (token, Kind::Gateway)));
+        for (token, kind) in all {
             let matches: bool = token.digest.ct_eq(&digest).into();
             if matches && found.is_none() {
                 found = Some(Caller {
                     name: token.name.clone(),
-                    admin,
+                    admin: matches!(kind, Kind::Admin),
+                    may_assert: matches!(kind, Kind::Admin | Kind::Asserting),
                 });
             }
         }
@@ -118,12 +153,28 @@ mod tests {
     fn roles_and_refusals() {
         let tokens = Tokens::new(
             vec![Token::new("gw", b"g-secret")],
+            vec![Token::new("trusted", b"t-secret")],
             vec![Token::new("ops", b"a-secret")],
         );
         let gateway = tokens
             .authorize(&metadata(Some("Bearer g-secret")), Role::Gateway)
             .unwrap();
         assert_eq!(gateway.name, "gw");
+        assert_eq!(
+            gateway.check_may_assert().unwrap_err().code(),
+            tonic::Code::PermissionDenied
+        );
+        let trusted = tokens
+            .authorize(&metadata(Some("Bearer t-secret")), Role::Gateway)
+            .unwrap();
+        assert!(trusted.check_may_assert().is_ok() && !trusted.admin);
+        assert_eq!(
+            tokens
+                .authorize(&metadata(Some("Bearer t-secret")), Role::Admin)
+                .unwrap_err()
+                .code(),
+            tonic::Code::PermissionDenied
+        );
         let denied = tokens
             .authorize(&metadata(Some("Bearer g-secret")), Role::Admin)
             .unwrap_err();
@@ -131,7 +182,7 @@ mod tests {
         let admin = tokens
             .authorize(&metadata(Some("Bearer a-secret")), Role::Gateway)
             .unwrap();
-        assert!(admin.admin);
+        assert!(admin.admin && admin.check_may_assert().is_ok());
         for bad in [None, Some("Bearer nope"), Some("g-secret"), Some("Bearer ")] {
             let error = tokens.authorize(&metadata(bad), Role::Gateway).unwrap_err();
             assert_eq!(error.code(), tonic::Code::Unauthenticated);

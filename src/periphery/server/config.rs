@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
+use crate::periphery::identity::jwks::OidcSettings;
+
 /// Everything the server needs besides its store.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -29,8 +31,12 @@ pub struct Config {
     /// At most this many records per audit transaction.
     pub audit_batch: usize,
     pub gateway_tokens: Vec<Token>,
+    /// Gateway tokens also trusted to assert a principal.
+    pub asserting_gateway_tokens: Vec<Token>,
     pub admin_tokens: Vec<Token>,
     pub tls: Option<Tls>,
+    /// How `oidc` issuers' keys are fetched and cached.
+    pub oidc: OidcSettings,
 }
 
 impl Config {
@@ -45,14 +51,18 @@ impl Config {
             audit_spool: None,
             audit_batch: 512,
             gateway_tokens: Vec::new(),
+            asserting_gateway_tokens: Vec::new(),
             admin_tokens: Vec::new(),
             tls: None,
+            oidc: OidcSettings::default(),
         }
     }
 
     /// Whether any token is configured (then every call must present one).
     pub fn authenticates(&self) -> bool {
-        !self.gateway_tokens.is_empty() || !self.admin_tokens.is_empty()
+        !self.gateway_tokens.is_empty()
+            || !self.asserting_gateway_tokens.is_empty()
+            || !self.admin_tokens.is_empty()
     }
 
     /// The checks that need no I/O: something to listen on, tokens where the
@@ -69,6 +79,7 @@ impl Config {
         let mut names: Vec<&str> = self
             .gateway_tokens
             .iter()
+            .chain(&self.asserting_gateway_tokens)
             .chain(&self.admin_tokens)
             .map(|token| token.name.as_str())
             .collect();
@@ -148,20 +159,10 @@ impl Token {
         {
             return Err(bad("the token name must be letters, digits, `-`, `_` or `.`"));
         }
-        let value = if let Some(variable) = reference.strip_prefix("env://") {
-            std::env::var(variable)
-                .map_err(|_| bad(&format!("the environment variable `{variable}` is not set")))?
-                .into_bytes()
-        } else if let Some(path) = reference.strip_prefix("file://") {
-            let mut bytes = std::fs::read(path)
-                .map_err(|error| bad(&format!("cannot read `{path}`: {}", error.kind())))?;
-            while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-                bytes.pop();
-            }
-            bytes
-        } else {
+        if !reference.starts_with("env://") && !reference.starts_with("file://") {
             return Err(bad("the reference must start with `env://` or `file://`"));
-        };
+        }
+        let value = crate::periphery::identity::read_reference(reference).map_err(|problem| bad(&problem))?;
         if value.is_empty() {
             return Err(bad(&format!("the token `{name}` is empty")));
         }

@@ -1,7 +1,8 @@
 //! `DecisionService`: `Decide` and `ListVisible` (service.md §3–§5).
 //!
-//! A decision, step by step: capture `at` once → normalise the asserted
-//! principal → resolve the tool → evaluate with the pure core → for an allow
+//! A decision, step by step: capture `at` once → identify the caller (an
+//! asserted principal from a trusted gateway, or the caller's own
+//! credential, `identify.rs`) → resolve the tool → evaluate with the pure core → for an allow
 //! whose winning grant has a ceiling, read the counter and consume one call
 //! atomically → write the audit record (durable) → answer. Denials and
 //! uncapped allows never touch the counter store: the first evaluation does
@@ -18,15 +19,17 @@ use uuid::Uuid;
 use crate::access::{evaluate, visible, Decision, Limits, Reason, ReasonCode, Usage};
 use crate::capabilities::ToolDescriptor;
 use crate::periphery::store::{AuditRecord, Consumed, CounterKey, Remembered, Store};
-use crate::principals::{resolve_asserted, Principal};
+use crate::periphery::telemetry;
+use crate::principals::Principal;
 
 use super::active::Active;
 use super::auth::{Caller, Role};
 use super::convert::{self, Standing};
+use super::identify::{identify, Asked};
 use super::proto::{
     decide_request, decide_response, decision_service_server::DecisionService, list_visible_request,
-    list_visible_response, AssertedPrincipal, DecideRequest, DecideResponse, ListVisibleRequest,
-    ListVisibleResponse, Unauthenticated, UnknownTool, Visible, VisibleCapability,
+    list_visible_response, DecideRequest, DecideResponse, ListVisibleRequest, ListVisibleResponse,
+    Unauthenticated, UnknownTool, Visible, VisibleCapability,
 };
 use super::{limits, now_ms, State};
 
@@ -122,40 +125,6 @@ async fn remembered<S: Store>(state: &State<S>, gateway: &str, request_id: &str)
     }
 }
 
-fn principal_of(caller: Option<&decide_request::Caller>) -> Result<&AssertedPrincipal, Status> {
-    match caller {
-        Some(decide_request::Caller::Principal(principal)) => Ok(principal),
-        // `limits::decide` refused this already.
-        None => Err(Status::invalid_argument("`principal`: required")),
-    }
-}
-
-/// The asserted principal, normalised as policy-core §3.2 says, without a
-/// static-key issuer's literal defaults: an asserted principal carries what
-/// the gateway asserted. A name given twice, or with two values, gives no
-/// attribute.
-fn resolve(
-    active: &Active,
-    asserted: &AssertedPrincipal,
-) -> Result<Principal, crate::principals::AuthProblem> {
-    let AssertedPrincipal {
-        issuer,
-        subject,
-        attributes,
-    } = asserted;
-    let pairs: Vec<(&str, &str)> = attributes
-        .iter()
-        .flat_map(|attribute| {
-            attribute
-                .values
-                .iter()
-                .map(|value| (attribute.name.as_str(), value.as_str()))
-        })
-        .collect();
-    resolve_asserted(active.policy.issuer(issuer), subject, &pairs, false)
-        .map(|resolution| resolution.principal)
-}
-
 /// The record every Decide writes, before its outcome is known.
 fn base_record(caller: &Caller, active: &Active, at: i64, request_id: &str, kind: &str) -> AuditRecord {
     AuditRecord {
@@ -177,10 +146,16 @@ async fn decide<S: Store>(
     request: DecideRequest,
 ) -> Result<DecideResponse, Status> {
     let at = now_ms();
-    let asserted = principal_of(request.caller.as_ref())?;
+    let asked = match &request.caller {
+        Some(decide_request::Caller::Principal(principal)) => Asked::Principal(principal),
+        Some(decide_request::Caller::Credential(credential)) => Asked::Credential(credential),
+        // `limits::decide` refused this already.
+        None => return Err(Status::invalid_argument("`caller`: required")),
+    };
+    let identity = identify(&state.oidc, active, caller, asked, at).await?;
     let mut record = base_record(caller, active, at, &request.request_id, "decide");
-    record.issuer = Some(asserted.issuer.clone());
-    record.subject = Some(asserted.subject.clone());
+    record.issuer = identity.issuer;
+    record.subject = identity.subject;
     let mut response = DecideResponse {
         decision_id: record.decision_id.clone(),
         policy_version: active.version.clone(),
@@ -189,7 +164,7 @@ async fn decide<S: Store>(
         result: None,
     };
 
-    let principal = match resolve(active, asserted) {
+    let principal = match identity.outcome {
         Ok(principal) => principal,
         Err(problem) => {
             record.outcome = "unauthenticated".to_owned();
@@ -284,6 +259,7 @@ async fn finish<S: Store>(
             },
         )]
     };
+    telemetry::rpc::decided(&record);
     tracing::debug!(
         decision_id = %record.decision_id,
         outcome = %record.outcome,
@@ -363,9 +339,12 @@ async fn evaluate_counted<'a, S: Store>(
                 usage_calls: found,
             };
         }
-        let consumed = tokio::time::timeout(
-            timeout,
-            state.store.consume(key, at, ceiling.window_ms, ceiling.calls),
+        let consumed = telemetry::counter_store(
+            "consume",
+            tokio::time::timeout(
+                timeout,
+                state.store.consume(key, at, ceiling.window_ms, ceiling.calls),
+            ),
         )
         .await;
         match consumed {
@@ -424,7 +403,7 @@ fn unknown<'a>(
 /// The counter as usage: no row is a fresh window at `at`; a failure or a
 /// timeout is `Unknown` (never zero).
 async fn read_usage<S: Store>(store: &S, key: CounterKey<'_>, at: i64, timeout: Duration) -> Usage {
-    match tokio::time::timeout(timeout, store.read_usage(key)).await {
+    match telemetry::counter_store("read", tokio::time::timeout(timeout, store.read_usage(key))).await {
         Ok(Ok(Some(counted))) => Usage::Counted {
             calls: counted.calls,
             window_start: counted.window_start_ms,
@@ -452,19 +431,22 @@ async fn list<S: Store>(
 ) -> Result<ListVisibleResponse, Status> {
     let at = now_ms();
     let ListVisibleRequest {
-        caller: asserted,
+        caller: asked,
         request_id,
     } = request;
-    let Some(list_visible_request::Caller::Principal(asserted)) = asserted else {
-        return Err(Status::invalid_argument("`principal`: required"));
+    let asked = match &asked {
+        Some(list_visible_request::Caller::Principal(principal)) => Asked::Principal(principal),
+        Some(list_visible_request::Caller::Credential(credential)) => Asked::Credential(credential),
+        None => return Err(Status::invalid_argument("`caller`: required")),
     };
+    let identity = identify(&state.oidc, active, caller, asked, at).await?;
     let mut response = ListVisibleResponse {
         policy_version: active.version.clone(),
         policy_revision: active.revision,
         at: Some(convert::timestamp(at)),
         result: None,
     };
-    let principal = match resolve(active, &asserted) {
+    let principal = match identity.outcome {
         Ok(principal) => principal,
         Err(problem) => {
             // Not in the spec's list (one allow per visible capability), but
@@ -472,12 +454,13 @@ async fn list<S: Store>(
             let mut record = base_record(caller, active, at, &request_id, "list");
             record.outcome = "unauthenticated".to_owned();
             record.code = Some(problem.as_str().to_owned());
-            record.issuer = Some(asserted.issuer.clone());
-            record.subject = Some(asserted.subject.clone());
+            record.issuer = identity.issuer;
+            record.subject = identity.subject;
             write(state, vec![record]).await?;
             response.result = Some(list_visible_response::Result::Unauthenticated(Unauthenticated {
                 problem: convert::auth_problem(problem).into(),
             }));
+            telemetry::rpc::listed(&response);
             return Ok(response);
         }
     };
@@ -529,6 +512,7 @@ async fn list<S: Store>(
         capabilities,
         tools,
     }));
+    telemetry::rpc::listed(&response);
     Ok(response)
 }
 

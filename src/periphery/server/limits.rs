@@ -11,6 +11,8 @@
 //! | `principal.attributes` | 64 entries |
 //! | `principal.attributes[i].name`, each value | 1024 bytes |
 //! | `principal.attributes[i].values` | 64 values |
+//! | `credential.bearer_token`, `.api_key`, `.client_certificate` | 16 KiB |
+//! | `credential.issuer` | 512 bytes |
 //! | `tool`, `capability` | 512 bytes |
 //! | `request_id` | 128 bytes |
 //! | `artifact`, `catalog` | 8 MiB each |
@@ -20,8 +22,8 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
 use super::proto::{
-    decide_request, list_visible_request, AssertedPrincipal, DecideRequest, ListVisibleRequest,
-    PublishPolicyRequest,
+    credential, decide_request, list_visible_request, AssertedPrincipal, Credential, DecideRequest,
+    ListVisibleRequest, PublishPolicyRequest,
 };
 
 pub const MAX_ISSUER: usize = 512;
@@ -30,6 +32,7 @@ pub const MAX_ATTRIBUTES: usize = 64;
 pub const MAX_ATTRIBUTE_NAME: usize = 1024;
 pub const MAX_ATTRIBUTE_VALUES: usize = 64;
 pub const MAX_ATTRIBUTE_VALUE: usize = 1024;
+pub const MAX_CREDENTIAL: usize = crate::periphery::identity::MAX_CREDENTIAL_BYTES;
 pub const MAX_TARGET: usize = 512;
 pub const MAX_REQUEST_ID: usize = 128;
 pub const MAX_ARTIFACT: usize = crate::policy::document::MAX_ARTIFACT_BYTES;
@@ -107,6 +110,20 @@ impl Check {
         }
     }
 
+    /// The credential's size; an empty or absent value is not a malformed
+    /// request but `credential_missing`, answered and audited.
+    fn credential(&mut self, presented: &Credential) {
+        let Credential { kind, issuer } = presented;
+        self.length(|| "credential.issuer".into(), issuer, MAX_ISSUER);
+        let (field, value) = match kind {
+            Some(credential::Kind::BearerToken(value)) => ("credential.bearer_token", value),
+            Some(credential::Kind::ApiKey(value)) => ("credential.api_key", value),
+            Some(credential::Kind::ClientCertificate(value)) => ("credential.client_certificate", value),
+            None => return,
+        };
+        self.length(|| field.into(), value, MAX_CREDENTIAL);
+    }
+
     fn finish(self) -> Result<(), Status> {
         let Some(first) = self.violations.first() else {
             return Ok(());
@@ -129,7 +146,8 @@ pub fn decide(request: &DecideRequest) -> Result<(), Status> {
     let mut check = Check::default();
     match caller {
         Some(decide_request::Caller::Principal(principal)) => check.principal(principal),
-        None => check.required("principal", false, "who calls"),
+        Some(decide_request::Caller::Credential(credential)) => check.credential(credential),
+        None => check.required("caller", false, "a `credential` or a `principal`"),
     }
     match target {
         Some(decide_request::Target::Tool(tool)) => check.length(|| "tool".into(), tool, MAX_TARGET),
@@ -147,7 +165,8 @@ pub fn list_visible(request: &ListVisibleRequest) -> Result<(), Status> {
     let mut check = Check::default();
     match caller {
         Some(list_visible_request::Caller::Principal(principal)) => check.principal(principal),
-        None => check.required("principal", false, "who asks"),
+        Some(list_visible_request::Caller::Credential(credential)) => check.credential(credential),
+        None => check.required("caller", false, "a `credential` or a `principal`"),
     }
     check.length(|| "request_id".into(), request_id, MAX_REQUEST_ID);
     check.finish()

@@ -16,6 +16,7 @@
 //! | `policies.rs` | `PublishPolicy`, `GetActivePolicy`, `ListPolicyVersions`, `ActivatePolicy` |
 //! | `auth.rs` | bearer tokens and roles |
 //! | `audit.rs` | the group-commit writer and its local spool |
+//! | `retention.rs` | audit partitions made ahead of time |
 //! | `convert.rs` | core ↔ protobuf |
 //! | `limits.rs` | input bounds |
 
@@ -25,9 +26,11 @@ pub mod auth;
 pub mod config;
 pub mod convert;
 pub mod decisions;
+pub mod identify;
 pub mod limits;
 pub mod policies;
 pub mod proto;
+pub mod retention;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -43,6 +46,7 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic::Status;
 use tonic_health::ServingStatus;
 
+use crate::periphery::identity::jwks::OidcDirectory;
 use crate::periphery::store::{self, NewPolicy, PublishOutcome, Store, StoreError, StoreOptions};
 
 use active::{compile_text, Active, ActivePolicy, Compiled};
@@ -74,6 +78,8 @@ pub struct State<S: Store> {
     pub tokens: Tokens,
     pub store_timeout: Duration,
     pub idempotency: Turns,
+    /// The `oidc` issuers' discovery documents and keys.
+    pub oidc: Arc<OidcDirectory>,
 }
 
 impl<S: Store> State<S> {
@@ -82,6 +88,23 @@ impl<S: Store> State<S> {
         self.active
             .current()
             .ok_or_else(|| Status::unavailable("no policy version is active: publish one first"))
+    }
+}
+
+/// Fetches the keys of the active version's `oidc` issuers in the
+/// background, so that the first token does not wait for them. A failure is
+/// logged by the directory and retried when a token arrives.
+fn prefetch_keys(oidc: &Arc<OidcDirectory>, active: &Active) {
+    for discovery in active
+        .policy
+        .issuers
+        .iter()
+        .filter_map(|issuer| issuer.discovery.clone())
+    {
+        let oidc = oidc.clone();
+        tokio::spawn(async move {
+            let _ = oidc.keys(&discovery, None).await;
+        });
     }
 }
 
@@ -106,6 +129,8 @@ pub enum StartError {
     Bind { addr: SocketAddr, error: std::io::Error },
     #[error("the TLS configuration cannot be used: {0}")]
     Tls(String),
+    #[error("{0}")]
+    Oidc(String),
 }
 
 /// A server that is running.
@@ -170,6 +195,7 @@ async fn serve_until<S: Store>(
 pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartError> {
     config.check()?;
     store.migrate().await?;
+    store.prepare_audit_periods(now_ms()).await?;
 
     if let Some(file) = &config.policy {
         publish_startup_file(&store, file).await?;
@@ -207,13 +233,26 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
             .follow(store.clone(), config.poll_interval, stopped.clone()),
     );
 
+    let oidc = Arc::new(
+        OidcDirectory::new(config.oidc.clone()).map_err(|error| StartError::Oidc(error.to_string()))?,
+    );
+    if let Some(active) = &installed {
+        prefetch_keys(&oidc, active);
+    }
+    let refresher = oidc.spawn_refresher();
+
     let state = Arc::new(State {
         store,
         active,
         audit,
-        tokens: Tokens::new(config.gateway_tokens.clone(), config.admin_tokens.clone()),
+        tokens: Tokens::new(
+            config.gateway_tokens.clone(),
+            config.asserting_gateway_tokens.clone(),
+            config.admin_tokens.clone(),
+        ),
         store_timeout: config.store_timeout,
         idempotency: Turns::default(),
+        oidc,
     });
 
     let mut listeners = StreamMap::new();
@@ -251,6 +290,8 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
         .build_v1()
         .map_err(|error| StartError::Active(format!("reflection: {error}")))?;
     let router = builder
+        // One span per capgate RPC, with its duration and status (periphery/telemetry).
+        .layer(crate::periphery::telemetry::RpcLayer)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(
@@ -261,6 +302,12 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
             PolicyServiceServer::new(Policies::new(state.clone()))
                 .max_decoding_message_size(limits::MAX_MESSAGE_BYTES),
         );
+    // Spawned once nothing can fail any more, so a start that fails leaves
+    // no task behind.
+    let preparer = tokio::spawn(retention::prepare_periodically(
+        state.store.clone(),
+        retention::PREPARE_INTERVAL,
+    ));
     drop(state);
 
     let shown: Vec<String> = addrs.iter().map(ToString::to_string).collect();
@@ -282,6 +329,8 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
             })
             .await;
         follower.abort();
+        preparer.abort();
+        refresher.abort();
         // Every request handler is gone with the router: the writer commits
         // what is queued and ends.
         match tokio::time::timeout(Duration::from_secs(30), audit_task).await {

@@ -14,6 +14,7 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::access::{effective_diff, Ruleset, Side};
 use crate::periphery::store::{ActivateOutcome, NewPolicy, PublishOutcome, Store, StoreError, StoredPolicy};
+use crate::periphery::telemetry::rpc::policy as traced;
 use crate::policy::{version_label, CompiledPolicy};
 
 use super::active::{compile_text, Active, Compiled, RefreshError};
@@ -115,6 +116,7 @@ impl<S: Store> PolicyService for Policies<S> {
             comment,
         } = request;
         let version = version_label(artifact.as_bytes());
+        traced(None, Some(&version));
         let (policy, document, diagnostics) = match compile_text(artifact.clone(), catalog.clone()).await {
             Compiled::Ok {
                 policy,
@@ -182,23 +184,27 @@ impl<S: Store> PolicyService for Policies<S> {
             .map_err(|error| unavailable(&error))?;
         match published {
             PublishOutcome::Conflict { active } => Err(conflict(expected_active_revision, active)),
-            PublishOutcome::Unchanged(stored) => Ok(Response::new(PublishPolicyResponse {
-                accepted: true,
-                revision: stored.revision,
-                version,
-                diagnostics,
-                changes: Vec::new(),
-                unchanged: true,
-            })),
-            PublishOutcome::Activated(stored) => {
-                tracing::info!(revision = stored.revision, %version, author = %caller.name, "policy published");
-                let candidate = Arc::new(Active {
+            PublishOutcome::Unchanged(stored) => {
+                traced(Some(stored.revision), None);
+                Ok(Response::new(PublishPolicyResponse {
+                    accepted: true,
                     revision: stored.revision,
-                    version: version.clone(),
-                    policy: *policy,
-                    document: *document,
+                    version,
+                    diagnostics,
+                    changes: Vec::new(),
+                    unchanged: true,
+                }))
+            }
+            PublishOutcome::Activated(stored) => {
+                traced(Some(stored.revision), None);
+                tracing::info!(revision = stored.revision, %version, author = %caller.name, "policy published");
+                let candidate = Arc::new(Active::new(
+                    stored.revision,
+                    version.clone(),
+                    *policy,
+                    *document,
                     catalog_version,
-                });
+                ));
                 if let Err(error) = self.state.active.refresh(store, Some(candidate)).await {
                     // Stored and active in the store: the next poll installs it.
                     tracing::warn!(%error, "published, but not yet installed on this replica");
@@ -228,6 +234,7 @@ impl<S: Store> PolicyService for Policies<S> {
             .await
             .map_err(|error| unavailable(&error))?
             .ok_or_else(|| Status::not_found("no policy version is active"))?;
+        traced(Some(stored.revision), Some(&stored.version));
         let version = convert::policy_version(&stored, true);
         let StoredPolicy {
             artifact, catalog, ..
@@ -275,6 +282,7 @@ impl<S: Store> PolicyService for Policies<S> {
             revision,
             expected_active_revision,
         } = request.into_inner();
+        traced(Some(revision), None);
         let store = &self.state.store;
         let stored = store
             .policy(revision)
@@ -283,13 +291,13 @@ impl<S: Store> PolicyService for Policies<S> {
             .ok_or_else(|| Status::not_found(format!("no stored revision {revision}")))?;
         // Refuse to activate what this build would not run.
         let candidate = match compile_text(stored.artifact.clone(), stored.catalog.clone()).await {
-            Compiled::Ok { policy, document, .. } => Active {
+            Compiled::Ok { policy, document, .. } => Active::new(
                 revision,
-                version: stored.version.clone(),
-                policy: *policy,
-                document: *document,
-                catalog_version: catalog_label(stored.catalog.as_deref()),
-            },
+                stored.version.clone(),
+                *policy,
+                *document,
+                catalog_label(stored.catalog.as_deref()),
+            ),
             Compiled::Rejected { .. } | Compiled::BadCatalog(_) => {
                 return Err(Status::failed_precondition(format!(
                     "revision {revision} does not compile with this build; it cannot be activated"
@@ -305,6 +313,7 @@ impl<S: Store> PolicyService for Policies<S> {
             ActivateOutcome::NotFound => Err(Status::not_found(format!("no stored revision {revision}"))),
             ActivateOutcome::Conflict { active } => Err(conflict(expected_active_revision, active)),
             ActivateOutcome::Activated(stored) => {
+                traced(Some(stored.revision), Some(&stored.version));
                 tracing::info!(revision, author = %caller.name, "policy version activated");
                 let changes = changes(before.as_deref(), &candidate.policy);
                 if let Err(error) = self.state.active.refresh(store, Some(Arc::new(candidate))).await {

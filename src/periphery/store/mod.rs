@@ -15,11 +15,14 @@
 //!   the method): one subscription per store value, shared by clones, and a
 //!   (re)subscription resolves at once.
 //! * Added: [`connect`], [`StoreOptions`], [`AnyStore`], [`redact`].
+//! * Added: [`Store::prepare_audit_periods`] and [`Store::prune_audit`]
+//!   (audit retention, docs/decisions/0009-audit-partitioning.md).
 
 use std::future::Future;
 use std::time::Duration;
 
 pub mod postgres;
+pub mod retention;
 mod sql;
 pub mod sqlite;
 
@@ -160,6 +163,23 @@ pub struct AuditFilter {
     pub limit: u32,
 }
 
+/// One period of the audit trail that a prune removed (or, in a dry run,
+/// would remove): a partition on PostgreSQL, a bucket of records on SQLite.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrunedPeriod {
+    /// The partition's name (`audit_log_p2026_11`); on SQLite the name the
+    /// partition would have.
+    pub name: String,
+    /// The first instant the period holds (inclusive); `None` when it is
+    /// unbounded below.
+    pub from_ms: Option<i64>,
+    /// The first instant after the period (exclusive): at or before the
+    /// cutoff, always.
+    pub until_ms: i64,
+    /// The records it held when it was removed (counted, not estimated).
+    pub records: u64,
+}
+
 /// A stored answer for an idempotent retry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Remembered {
@@ -251,6 +271,28 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     fn query_audit(&self, filter: &AuditFilter)
         -> impl Future<Output = StoreResult<Vec<AuditRecord>>> + Send;
+
+    // ── Audit retention (docs/decisions/0009-audit-partitioning.md) ───────
+
+    /// Makes sure the audit periods from the one holding `now_ms` through
+    /// [`retention::PERIODS_AHEAD`] later can take records at once.
+    /// PostgreSQL creates the partitions that are missing; SQLite has
+    /// nothing to prepare. Idempotent and safe to race from several
+    /// replicas. Not needed for correctness: `append_audit` creates a
+    /// missing partition itself, but off the hot path is better.
+    fn prepare_audit_periods(&self, now_ms: i64) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// Removes every whole audit period that ends at or before `before_ms`,
+    /// oldest first, and says what went; with `dry_run`, removes nothing and
+    /// says what would go. The period holding `before_ms` is kept whole, and
+    /// so is everything after it. PostgreSQL drops partitions (also empty
+    /// ones); SQLite deletes the records of each period, in bounded batches,
+    /// and reports the periods that held any.
+    fn prune_audit(
+        &self,
+        before_ms: i64,
+        dry_run: bool,
+    ) -> impl Future<Output = StoreResult<Vec<PrunedPeriod>>> + Send;
 }
 
 /// How to open a store; [`StoreOptions::default`] suits a small box.

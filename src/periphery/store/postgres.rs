@@ -7,21 +7,30 @@
 //! by one conditional upsert, and replicas learn of a new active version
 //! through `NOTIFY capgate_policy`, sent inside the transaction that changed
 //! it (so it is delivered exactly when the change commits).
+//!
+//! `audit_log` is partitioned by month of `at` (migration 0002,
+//! docs/decisions/0009-audit-partitioning.md). The server creates the coming
+//! months' partitions ahead of time; an insert that still finds none creates
+//! the missing ones and is retried, so no record is refused for want of a
+//! partition. Retention drops whole partitions.
 
+use std::collections::BTreeSet;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
-use sqlx::{Connection, Executor, PgConnection, Postgres};
+use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, Postgres};
 use tokio::sync::Mutex;
 
+use super::retention::{self, Period, RangeBounds};
 use super::sql::{
     self, ActivatePlan, AuditIntegers, AuditRow, CountedRow, PolicyRow, PublishPlan, RememberedRow,
 };
 use super::{
     ActivateOutcome, AuditFilter, AuditRecord, Consumed, Counted, CounterKey, ExpectedRevision, NewPolicy,
-    PublishOutcome, Remembered, Store, StoreError, StoreOptions, StoreResult, StoredPolicy,
+    PrunedPeriod, PublishOutcome, Remembered, Store, StoreError, StoreOptions, StoreResult, StoredPolicy,
 };
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
@@ -32,6 +41,23 @@ pub const POLICY_CHANNEL: &str = "capgate_policy";
 /// Enough for a 2-core box: decisions hold a connection for one short
 /// statement at a time, and audit writes are batched by the server.
 const DEFAULT_MAX_CONNECTIONS: u32 = 8;
+
+/// The advisory lock that serialises the creation of audit partitions
+/// across replicas (`"capgate" 0x01`).
+const PARTITION_LOCK: i64 = 0x6361_7067_6174_6501;
+
+/// The advisory lock one prune holds, so that two prunes do not race to drop
+/// the same partitions (`"capgate" 0x02`).
+const PRUNE_LOCK: i64 = 0x6361_7067_6174_6502;
+
+/// How long a prune waits for a lock before giving up and trying again.
+/// Dropping a partition needs `audit_log` to itself for an instant, and
+/// every writer that arrives while the drop waits queues behind it: the
+/// bound keeps that queue well under the server's `--audit-timeout` (1 s).
+const PRUNE_LOCK_TIMEOUT: Duration = Duration::from_millis(300);
+
+/// How many times a prune tries before it reports that the table is busy.
+const PRUNE_ATTEMPTS: u32 = 5;
 
 /// A pool on one PostgreSQL database, and the notification subscription its
 /// clones share.
@@ -358,14 +384,106 @@ impl Store for PostgresStore {
         if records.is_empty() && remembered.is_empty() {
             return Ok(());
         }
-        let columns = AuditColumns::of(records)?;
+        match self.insert_audit(AuditColumns::of(records)?, remembered).await {
+            // A record whose month has no partition (a replay of old records,
+            // a clock far off, a database no server prepared): create the
+            // partitions the batch needs and try once more. Only then, so the
+            // usual batch pays nothing for it. Once, whoever created them:
+            // another replica may have been first, and a second failure is
+            // reported as it is.
+            Err(error) if lacks_partition(&error) => {
+                let periods = records
+                    .iter()
+                    .map(|record| Period::containing(record.at_ms))
+                    .collect();
+                self.create_partitions(&periods).await?;
+                Ok(self.insert_audit(AuditColumns::of(records)?, remembered).await?)
+            }
+            inserted => Ok(inserted?),
+        }
+    }
+
+    async fn remembered(&self, gateway: &str, request_id: &str) -> StoreResult<Option<Remembered>> {
+        Ok(sqlx::query_as::<_, RememberedRow>(
+            "SELECT decision_id, response, at FROM remembered_responses \
+             WHERE gateway = $1 AND request_id = $2",
+        )
+        .bind(gateway)
+        .bind(request_id)
+        .fetch_optional(&self.pool)
+        .await?
+        .map(RememberedRow::into_remembered))
+    }
+
+    async fn query_audit(&self, filter: &AuditFilter) -> StoreResult<Vec<AuditRecord>> {
+        sql::audit_query::<Postgres>(filter)
+            .build_query_as::<AuditRow>()
+            .fetch_all(&self.pool)
+            .await?
+            .into_iter()
+            .map(AuditRow::into_record)
+            .collect()
+    }
+
+    async fn prepare_audit_periods(&self, now_ms: i64) -> StoreResult<()> {
+        let wanted: BTreeSet<Period> = retention::periods_from(now_ms).into_iter().collect();
+        let existing = partitions(&self.pool).await?;
+        if wanted
+            .iter()
+            .all(|period| existing.iter().any(|partition| partition.name == period.name()))
+        {
+            return Ok(());
+        }
+        let created = self.create_partitions(&wanted).await?;
+        if created > 0 {
+            tracing::info!(created, "audit partitions created ahead of time");
+        }
+        Ok(())
+    }
+
+    async fn prune_audit(&self, before_ms: i64, dry_run: bool) -> StoreResult<Vec<PrunedPeriod>> {
+        let mut attempt = 1;
+        loop {
+            match self.try_prune(before_ms, dry_run).await {
+                Ok(Some(pruned)) => return Ok(pruned),
+                Ok(None) => {
+                    return Err(StoreError::Database(
+                        "another prune of the audit trail is running; try again when it is done".to_owned(),
+                    ))
+                }
+                Err(error) if is_busy(&error) && attempt < PRUNE_ATTEMPTS => {
+                    tokio::time::sleep(PRUNE_LOCK_TIMEOUT * attempt).await;
+                    attempt += 1;
+                }
+                Err(error) if is_busy(&error) => {
+                    return Err(StoreError::Database(format!(
+                        "audit_log stayed busy through {PRUNE_ATTEMPTS} attempts (each waits at most \
+                         {} ms for its locks); nothing was dropped, try again later: {error}",
+                        PRUNE_LOCK_TIMEOUT.as_millis()
+                    )))
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+}
+
+impl PostgresStore {
+    /// Inserts a batch in one transaction, as `append_audit` describes.
+    async fn insert_audit(
+        &self,
+        columns: AuditColumns,
+        remembered: &[(String, String, Remembered)],
+    ) -> Result<(), sqlx::Error> {
+        let records = !columns.decision_id.is_empty();
         let mut tx = self.pool.begin().await?;
         // One statement per table, whatever the batch size: the rows travel
         // as one array per column, which keeps the statement text (and its
-        // prepared plan) the same for every batch. Without a conflict target,
-        // so that the statement survives the primary key growing `at` when
-        // the table is partitioned by time.
-        if !records.is_empty() {
+        // prepared plan) the same for every batch. Without a conflict target:
+        // the primary key is `(decision_id, at)` since the table is
+        // partitioned (migration 0002), and a replayed record carries the
+        // `at` it was made with, so it conflicts and is skipped.
+        if records {
             sqlx::query(
                 "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
                      principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
@@ -428,27 +546,184 @@ impl Store for PostgresStore {
         Ok(())
     }
 
-    async fn remembered(&self, gateway: &str, request_id: &str) -> StoreResult<Option<Remembered>> {
-        Ok(sqlx::query_as::<_, RememberedRow>(
-            "SELECT decision_id, response, at FROM remembered_responses \
-             WHERE gateway = $1 AND request_id = $2",
-        )
-        .bind(gateway)
-        .bind(request_id)
-        .fetch_optional(&self.pool)
-        .await?
-        .map(RememberedRow::into_remembered))
+    /// Creates the partitions of `periods` that do not exist yet; returns how
+    /// many it created. Replicas take turns (an advisory lock), so a period
+    /// two of them miss at once is created once.
+    ///
+    /// Each partition is made as a plain table and then attached: attaching
+    /// locks `audit_log` only against other schema changes (`SHARE UPDATE
+    /// EXCLUSIVE`), where `CREATE TABLE … PARTITION OF` would lock out every
+    /// writer and reader for the moment it takes.
+    async fn create_partitions(&self, periods: &BTreeSet<Period>) -> StoreResult<usize> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(PARTITION_LOCK)
+            .execute(&mut *tx)
+            .await?;
+        let existing = partitions(&mut *tx).await?;
+        let mut created = 0;
+        for period in periods {
+            let name = period.name();
+            if existing.iter().any(|partition| partition.name == name) {
+                continue;
+            }
+            let bound =
+                |ms: Option<i64>, unbounded: &str| ms.map_or(unbounded.to_owned(), |ms| ms.to_string());
+            // INVARIANT: `name` is `[a-z0-9_]` (retention.rs) and the bounds
+            // are integers, so the text is safe to run.
+            let statements = format!(
+                "CREATE TABLE \"{name}\" (LIKE audit_log INCLUDING DEFAULTS INCLUDING CONSTRAINTS); \
+                 ALTER TABLE audit_log ATTACH PARTITION \"{name}\" FOR VALUES FROM ({}) TO ({})",
+                bound(period.start_ms(), "MINVALUE"),
+                bound(period.end_ms(), "MAXVALUE"),
+            );
+            sqlx::raw_sql(AssertSqlSafe(statements)).execute(&mut *tx).await?;
+            created += 1;
+        }
+        tx.commit().await?;
+        Ok(created)
     }
 
-    async fn query_audit(&self, filter: &AuditFilter) -> StoreResult<Vec<AuditRecord>> {
-        sql::audit_query::<Postgres>(filter)
-            .build_query_as::<AuditRow>()
-            .fetch_all(&self.pool)
+    /// One attempt at a prune, in one transaction: every partition that ends
+    /// at or before `before_ms` is locked against writes, counted and
+    /// dropped, or (dry run) only counted, in one snapshot. `None` when
+    /// another prune holds the prune lock.
+    async fn try_prune(
+        &self,
+        before_ms: i64,
+        dry_run: bool,
+    ) -> Result<Option<Vec<PrunedPeriod>>, sqlx::Error> {
+        let mut tx = if dry_run {
+            self.pool
+                .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                .await?
+        } else {
+            self.pool.begin().await?
+        };
+        // Counting a month of records may take longer than the pool's
+        // statement timeout allows; waiting for a lock may not take long.
+        sqlx::query(
+            "SELECT set_config('statement_timeout', '0', true), set_config('lock_timeout', $1, true)",
+        )
+        .bind(PRUNE_LOCK_TIMEOUT.as_millis().to_string())
+        .execute(&mut *tx)
+        .await?;
+        if !dry_run {
+            let ours: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+                .bind(PRUNE_LOCK)
+                .fetch_one(&mut *tx)
+                .await?;
+            if !ours {
+                tx.rollback().await?;
+                return Ok(None);
+            }
+        }
+        let mut doomed: Vec<Partition> = partitions(&mut *tx)
             .await?
             .into_iter()
-            .map(AuditRow::into_record)
-            .collect()
+            .filter(|partition| partition.bounds.is_some_and(|bounds| bounds.ends_by(before_ms)))
+            .collect();
+        doomed.sort_by_key(|partition| partition.bounds.map(|bounds| (bounds.until_ms, bounds.from_ms)));
+        if doomed.is_empty() {
+            tx.rollback().await?;
+            return Ok(Some(Vec::new()));
+        }
+        let targets = doomed
+            .iter()
+            .map(|partition| partition.qualified.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        if !dry_run {
+            // Writers to these partitions (a replay of old records) wait
+            // until the drop commits, so that the counts are what is dropped.
+            // INVARIANT: every target is quoted by PostgreSQL's `format('%I')`.
+            sqlx::raw_sql(AssertSqlSafe(format!("LOCK TABLE {targets} IN SHARE MODE")))
+                .execute(&mut *tx)
+                .await?;
+        }
+        let mut pruned = Vec::with_capacity(doomed.len());
+        for partition in &doomed {
+            // Always there: `ends_by` holds only for a bounded range.
+            let Some(RangeBounds {
+                from_ms,
+                until_ms: Some(until_ms),
+            }) = partition.bounds
+            else {
+                continue;
+            };
+            let count: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT count(*) FROM {}",
+                partition.qualified
+            )))
+            .persistent(false)
+            .fetch_one(&mut *tx)
+            .await?;
+            pruned.push(PrunedPeriod {
+                name: partition.name.clone(),
+                from_ms,
+                until_ms,
+                records: u64::try_from(count).unwrap_or(0),
+            });
+        }
+        if dry_run {
+            tx.rollback().await?;
+        } else {
+            sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE {targets}")))
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+        }
+        Ok(Some(pruned))
     }
+}
+
+/// A partition of `audit_log` as the catalog has it.
+struct Partition {
+    /// `relname`.
+    name: String,
+    /// `schema.name`, quoted as PostgreSQL quotes identifiers.
+    qualified: String,
+    /// `None` when the bounds are not a range this store understands (it
+    /// then never drops the partition).
+    bounds: Option<RangeBounds>,
+}
+
+/// The partitions of `audit_log` (those being detached left out).
+async fn partitions(executor: impl Executor<'_, Database = Postgres>) -> Result<Vec<Partition>, sqlx::Error> {
+    let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT c.relname::text, format('%I.%I', n.nspname, c.relname), pg_get_expr(c.relpartbound, c.oid) \
+         FROM pg_inherits i \
+         JOIN pg_class c ON c.oid = i.inhrelid \
+         JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE i.inhparent = 'audit_log'::regclass AND NOT i.inhdetachpending",
+    )
+    .fetch_all(executor)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(name, qualified, bound)| Partition {
+            name,
+            qualified,
+            bounds: bound.as_deref().and_then(retention::parse_range_bounds),
+        })
+        .collect())
+}
+
+/// Whether an insert failed because no partition takes one of its rows
+/// (SQLSTATE 23514 with no constraint named: a violated `CHECK` names one).
+fn lacks_partition(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .is_some_and(|error| error.code().as_deref() == Some("23514") && error.constraint().is_none())
+}
+
+/// Whether a prune gave up waiting for a lock (`lock_timeout`) or was chosen
+/// to break a deadlock: worth another attempt.
+fn is_busy(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|error| error.code())
+        .is_some_and(|code| code == "55P03" || code == "40P01")
 }
 
 /// A batch of audit records turned into one array per column, for `UNNEST`.

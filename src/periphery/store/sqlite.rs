@@ -21,6 +21,10 @@
 //! There is no notification channel: with one replica, the server knows of
 //! its own changes, and polls for anyone else's (`capgate publish` against
 //! the same file).
+//!
+//! There are no partitions either: a prune groups the audit records in the
+//! periods PostgreSQL partitions by (`retention.rs`) and deletes those of
+//! whole periods before the cutoff, oldest first, in bounded batches.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -33,12 +37,13 @@ use sqlx::sqlite::{
 use sqlx::{Connection, Executor, Sqlite, SqliteConnection};
 use tokio::sync::{Mutex, MutexGuard};
 
+use super::retention::{self, Period};
 use super::sql::{
     self, ActivatePlan, AuditIntegers, AuditRow, CountedRow, PolicyRow, PublishPlan, RememberedRow,
 };
 use super::{
     ActivateOutcome, AuditFilter, AuditRecord, Consumed, Counted, CounterKey, ExpectedRevision, NewPolicy,
-    PublishOutcome, Remembered, Store, StoreOptions, StoreResult, StoredPolicy,
+    PrunedPeriod, PublishOutcome, Remembered, Store, StoreOptions, StoreResult, StoredPolicy,
 };
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
@@ -51,6 +56,11 @@ const DEFAULT_MAX_CONNECTIONS: u32 = 4;
 /// server's store timeout, which gives up first; this only bounds the wait of
 /// work nobody is waiting for any more.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many audit records one prune transaction deletes at most: each batch
+/// holds the write lock for a few milliseconds, so the server's audit writer
+/// gets its turn between batches.
+const PRUNE_BATCH: i64 = 5_000;
 
 /// A pool on one SQLite database file.
 #[derive(Clone)]
@@ -428,5 +438,96 @@ impl Store for SqliteStore {
             .into_iter()
             .map(AuditRow::into_record)
             .collect()
+    }
+
+    async fn prepare_audit_periods(&self, _now_ms: i64) -> StoreResult<()> {
+        Ok(())
+    }
+
+    async fn prune_audit(&self, before_ms: i64, dry_run: bool) -> StoreResult<Vec<PrunedPeriod>> {
+        let Some(cutoff) = retention::prune_cutoff(before_ms) else {
+            return Ok(Vec::new());
+        };
+        // A dry run reads in one snapshot; a prune deletes period by period,
+        // each in batches of their own transactions (see `delete_period`).
+        let mut snapshot = if dry_run {
+            Some(self.pool.begin().await?)
+        } else {
+            None
+        };
+        let mut pruned = Vec::new();
+        let mut from = i64::MIN;
+        loop {
+            // The oldest record left before the cutoff names the next period
+            // that holds any (`audit_log_at` answers in one probe).
+            let oldest_query = sqlx::query_scalar::<_, Option<i64>>(
+                "SELECT min(at) FROM audit_log WHERE at >= $1 AND at < $2",
+            )
+            .bind(from)
+            .bind(cutoff);
+            let oldest = match &mut snapshot {
+                Some(tx) => oldest_query.fetch_one(&mut **tx).await?,
+                None => oldest_query.fetch_one(&self.pool).await?,
+            };
+            let Some(oldest) = oldest else { break };
+            let period = Period::containing(oldest);
+            // Always bounded: the record is before the cutoff, which starts a
+            // period, so its period ends at or before the cutoff.
+            let Some(until) = period.end_ms() else { break };
+            let start = period.start_ms().unwrap_or(i64::MIN);
+            let records = match &mut snapshot {
+                Some(tx) => {
+                    let counted: i64 =
+                        sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE at >= $1 AND at < $2")
+                            .bind(start)
+                            .bind(until)
+                            .fetch_one(&mut **tx)
+                            .await?;
+                    u64::try_from(counted).unwrap_or(0)
+                }
+                None => self.delete_period(start, until).await?,
+            };
+            pruned.push(PrunedPeriod {
+                name: period.name(),
+                from_ms: period.start_ms(),
+                until_ms: until,
+                records,
+            });
+            from = until;
+        }
+        if let Some(tx) = snapshot {
+            tx.rollback().await?;
+        }
+        Ok(pruned)
+    }
+}
+
+impl SqliteStore {
+    /// Deletes the records in `[start, until)`, oldest first, at most
+    /// [`PRUNE_BATCH`] per transaction; returns how many it deleted. Each
+    /// batch commits on its own, so an interrupted prune leaves everything
+    /// before some instant deleted and everything after it whole — the next
+    /// prune finishes the job.
+    async fn delete_period(&self, start: i64, until: i64) -> StoreResult<u64> {
+        let mut deleted = 0;
+        loop {
+            let _turn = self.write_turn().await;
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+            let batch = sqlx::query(
+                "DELETE FROM audit_log WHERE rowid IN \
+                     (SELECT rowid FROM audit_log WHERE at >= $1 AND at < $2 ORDER BY at LIMIT $3)",
+            )
+            .bind(start)
+            .bind(until)
+            .bind(PRUNE_BATCH)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            tx.commit().await?;
+            deleted += batch;
+            if batch < PRUNE_BATCH.unsigned_abs() {
+                return Ok(deleted);
+            }
+        }
     }
 }

@@ -1,0 +1,199 @@
+//! Every metric `capgate serve` exports, by name (docs/operations.md, "Telemetry", is the
+//! reference an operator reads; keep the two in step).
+//!
+//! The instruments come from the global meter provider, which [`super::Telemetry::start`]
+//! installs before the server runs; without `--otlp-endpoint` or `--metrics-listen` that provider
+//! is OpenTelemetry's no-op one and recording costs next to nothing.
+//!
+//! INVARIANT: every attribute value is drawn from a closed set (an outcome, a reason or problem
+//! code, an operation, a result, an RPC name of the proto), so no caller can grow a metric's
+//! cardinality, and no value is a principal, a token, a secret reference or a tool argument.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use opentelemetry::metrics::{Counter, Histogram, Meter, ObservableGauge};
+use opentelemetry::{InstrumentationScope, KeyValue};
+
+/// `capgate.decisions`: answered `Decide` calls.
+pub const DECISIONS: &str = "capgate.decisions";
+/// `capgate.rpc.duration`: every capgate RPC, from request to response headers.
+pub const RPC_DURATION: &str = "capgate.rpc.duration";
+/// `capgate.counter_store.duration`: one counter read or consumption.
+pub const COUNTER_STORE_DURATION: &str = "capgate.counter_store.duration";
+/// `capgate.counter_store.errors`: counter calls that failed or timed out.
+pub const COUNTER_STORE_ERRORS: &str = "capgate.counter_store.errors";
+/// `capgate.audit.batch.size`: records per audit commit.
+pub const AUDIT_BATCH_SIZE: &str = "capgate.audit.batch.size";
+/// `capgate.audit.commit.duration`: one audit transaction against the store.
+pub const AUDIT_COMMIT_DURATION: &str = "capgate.audit.commit.duration";
+/// `capgate.policy.active_revision`: the revision this replica decides on.
+pub const ACTIVE_REVISION: &str = "capgate.policy.active_revision";
+/// `capgate.policy.swaps`: installations of a policy version on this replica.
+pub const POLICY_SWAPS: &str = "capgate.policy.swaps";
+
+/// Seconds, from 100 µs (a denial decided in memory) to 10 s (far past every timeout).
+const LATENCY_BOUNDARIES: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Records, in powers of two up to the largest `--audit-batch` worth telling apart.
+const BATCH_BOUNDARIES: [f64; 12] = [
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+];
+
+/// The instruments.
+pub struct Metrics {
+    decisions: Counter<u64>,
+    rpc_duration: Histogram<f64>,
+    counter_store_duration: Histogram<f64>,
+    counter_store_errors: Counter<u64>,
+    audit_batch_size: Histogram<u64>,
+    audit_commit_duration: Histogram<f64>,
+    policy_swaps: Counter<u64>,
+    /// 0 while no version is active (then the gauge reports nothing).
+    active_revision: Arc<AtomicU64>,
+    _active_revision_gauge: ObservableGauge<u64>,
+}
+
+static METRICS: OnceLock<Metrics> = OnceLock::new();
+
+/// The process's instruments, made on first use from the global meter provider.
+pub fn metrics() -> &'static Metrics {
+    METRICS.get_or_init(|| {
+        let scope = InstrumentationScope::builder("capgate")
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .build();
+        Metrics::new(&opentelemetry::global::meter_with_scope(scope))
+    })
+}
+
+/// How a counter-store or audit call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallResult {
+    Ok,
+    Error,
+    Timeout,
+}
+
+impl CallResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallResult::Ok => "ok",
+            CallResult::Error => "error",
+            CallResult::Timeout => "timeout",
+        }
+    }
+}
+
+impl Metrics {
+    fn new(meter: &Meter) -> Metrics {
+        let active_revision = Arc::new(AtomicU64::new(0));
+        let observed = active_revision.clone();
+        Metrics {
+            decisions: meter
+                .u64_counter(DECISIONS)
+                .with_description("Decide calls answered, by outcome and reason (or problem) code")
+                .with_unit("{decision}")
+                .build(),
+            rpc_duration: meter
+                .f64_histogram(RPC_DURATION)
+                .with_description("capgate RPCs, from the request to the response, by method and gRPC status")
+                .with_unit("s")
+                .with_boundaries(LATENCY_BOUNDARIES.to_vec())
+                .build(),
+            counter_store_duration: meter
+                .f64_histogram(COUNTER_STORE_DURATION)
+                .with_description("Usage-counter reads and consumptions, by operation and result")
+                .with_unit("s")
+                .with_boundaries(LATENCY_BOUNDARIES.to_vec())
+                .build(),
+            counter_store_errors: meter
+                .u64_counter(COUNTER_STORE_ERRORS)
+                .with_description("Usage-counter calls that failed or timed out (usage unknown)")
+                .with_unit("{error}")
+                .build(),
+            audit_batch_size: meter
+                .u64_histogram(AUDIT_BATCH_SIZE)
+                .with_description("Audit records per commit attempt, by result")
+                .with_unit("{record}")
+                .with_boundaries(BATCH_BOUNDARIES.to_vec())
+                .build(),
+            audit_commit_duration: meter
+                .f64_histogram(AUDIT_COMMIT_DURATION)
+                .with_description("Audit transactions against the store, by result")
+                .with_unit("s")
+                .with_boundaries(LATENCY_BOUNDARIES.to_vec())
+                .build(),
+            policy_swaps: meter
+                .u64_counter(POLICY_SWAPS)
+                .with_description("Policy versions installed on this replica, the first one included")
+                .with_unit("{swap}")
+                .build(),
+            _active_revision_gauge: meter
+                .u64_observable_gauge(ACTIVE_REVISION)
+                .with_description("The policy revision this replica decides on")
+                .with_unit("{revision}")
+                .with_callback(move |observer| {
+                    let revision = observed.load(Ordering::Relaxed);
+                    if revision > 0 {
+                        observer.observe(revision, &[]);
+                    }
+                })
+                .build(),
+            active_revision,
+        }
+    }
+
+    /// A `Decide` answered with `outcome` and `code`.
+    pub fn decision(&self, outcome: &'static str, code: &str) {
+        self.decisions.add(
+            1,
+            &[
+                KeyValue::new("outcome", outcome),
+                KeyValue::new("code", code.to_owned()),
+            ],
+        );
+    }
+
+    /// A capgate RPC ended with `status`; `outcome` for a `Decide` that was answered.
+    pub fn rpc(&self, method: &'static str, status: i64, outcome: Option<&'static str>, elapsed: Duration) {
+        let mut attributes = vec![
+            KeyValue::new("rpc.method", method),
+            KeyValue::new("rpc.grpc.status_code", status),
+        ];
+        if let Some(outcome) = outcome {
+            attributes.push(KeyValue::new("outcome", outcome));
+        }
+        self.rpc_duration.record(elapsed.as_secs_f64(), &attributes);
+    }
+
+    /// One counter-store call (`read` or `consume`).
+    pub fn counter_store(&self, operation: &'static str, result: CallResult, elapsed: Duration) {
+        let attributes = [
+            KeyValue::new("operation", operation),
+            KeyValue::new("result", result.as_str()),
+        ];
+        self.counter_store_duration
+            .record(elapsed.as_secs_f64(), &attributes);
+        if result != CallResult::Ok {
+            self.counter_store_errors.add(1, &attributes);
+        }
+    }
+
+    /// One audit commit attempt of `records` records.
+    pub fn audit_commit(&self, records: usize, result: CallResult, elapsed: Duration) {
+        let attributes = [KeyValue::new("result", result.as_str())];
+        self.audit_batch_size
+            .record(u64::try_from(records).unwrap_or(u64::MAX), &attributes);
+        self.audit_commit_duration
+            .record(elapsed.as_secs_f64(), &attributes);
+    }
+
+    /// `revision` is now the version this replica decides on.
+    pub fn policy_installed(&self, revision: u64) {
+        self.active_revision.store(revision, Ordering::Relaxed);
+        self.policy_swaps.add(1, &[]);
+    }
+}

@@ -1,0 +1,276 @@
+//! `capgate audit prune` end to end: the binary against real stores — a
+//! SQLite file and a fresh PostgreSQL database — seeded through the store
+//! port with records spread over months. Both stores must print the same
+//! text: the prune's contract does not depend on the store.
+//!
+//! Also: `capgate audit` without a subcommand still queries, and the
+//! command's usage errors (exit 2, naming the flag).
+
+#![cfg(feature = "server")]
+// Tests spawn the binary, read the clock and create files.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod support;
+
+use std::process::Command;
+
+use capgate::periphery::store::{AuditFilter, AuditRecord, PostgresStore, SqliteStore, Store, StoreOptions};
+use serde_json::Value;
+use support::postgres::TestDatabase;
+
+const BIN: &str = env!("CARGO_BIN_EXE_capgate");
+
+/// One run of the binary.
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs the binary in an empty directory of its own, so that a default
+/// store it might open (`sqlite://capgate.db`) never lands in the tree.
+fn capgate(args: &[&str]) -> Run {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let output = Command::new(BIN)
+        .args(args)
+        .current_dir(dir.path())
+        .env_remove("CAPGATE_DATABASE_URL")
+        .output()
+        .expect("the binary runs");
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8(output.stdout).expect("UTF-8 stdout"),
+        stderr: String::from_utf8(output.stderr).expect("UTF-8 stderr"),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// Midnight UTC of the first of a month of 2025 (13: January 2026).
+fn month_start(month: u8) -> i64 {
+    let (year, month) = if month == 13 { (2026, 1) } else { (2025, month) };
+    let month = time::Month::try_from(month).expect("a month");
+    let date = time::Date::from_calendar_date(year, month, 1).expect("a date");
+    i64::try_from(date.midnight().assume_utc().unix_timestamp_nanos() / 1_000_000).expect("in range")
+}
+
+/// Three records in each month from January to June 2025: the first
+/// millisecond, one in the middle, the last millisecond.
+fn records() -> Vec<AuditRecord> {
+    let mut records = Vec::new();
+    for month in 1..=6u8 {
+        let (start, end) = (month_start(month), month_start(month + 1));
+        for (i, at) in [start, start + 15 * 86_400_000, end - 1].into_iter().enumerate() {
+            records.push(AuditRecord {
+                decision_id: format!("d{month}{i}"),
+                at_ms: at,
+                gateway: "edge".to_owned(),
+                kind: "decide".to_owned(),
+                outcome: "allow".to_owned(),
+                code: Some("granted".to_owned()),
+                principal_id: Some(if i == 1 { "staff:ana" } else { "staff:bo" }.to_owned()),
+                capability: Some("tickets.read".to_owned()),
+                ..AuditRecord::default()
+            });
+        }
+    }
+    records
+}
+
+fn everything() -> AuditFilter {
+    AuditFilter {
+        limit: 1_000,
+        ..AuditFilter::default()
+    }
+}
+
+const DRY_RUN: &str = "\
+would drop audit_log_p2025_01  [2025-01-01T00:00:00Z, 2025-02-01T00:00:00Z)  3 record(s)
+would drop audit_log_p2025_02  [2025-02-01T00:00:00Z, 2025-03-01T00:00:00Z)  3 record(s)
+would drop audit_log_p2025_03  [2025-03-01T00:00:00Z, 2025-04-01T00:00:00Z)  3 record(s)
+dry run: 3 month(s), 9 record(s) would be dropped; nothing was
+kept whole: the month from 2025-04-01T00:00:00Z holds 2025-04-15T00:00:00Z, and everything after it
+";
+
+const PRUNED: &str = "\
+dropped audit_log_p2025_01  [2025-01-01T00:00:00Z, 2025-02-01T00:00:00Z)  3 record(s)
+dropped audit_log_p2025_02  [2025-02-01T00:00:00Z, 2025-03-01T00:00:00Z)  3 record(s)
+dropped audit_log_p2025_03  [2025-03-01T00:00:00Z, 2025-04-01T00:00:00Z)  3 record(s)
+dropped 3 month(s), 9 record(s)
+kept whole: the month from 2025-04-01T00:00:00Z holds 2025-04-15T00:00:00Z, and everything after it
+";
+
+/// The whole tour on one store: `url` names it, `store` is the same store
+/// opened in this process (migrated), to seed it and look at it.
+fn prune_end_to_end<S: Store>(url: &str, store: &S) {
+    let runtime = runtime();
+    runtime
+        .block_on(store.append_audit(&records(), &[]))
+        .expect("seed the audit trail");
+    let before = runtime.block_on(store.query_audit(&everything())).expect("query");
+    assert_eq!(before.len(), 18);
+
+    // The dry run says what would go, and nothing goes.
+    let dry = capgate(&[
+        "audit",
+        "prune",
+        "--before",
+        "2025-04-15",
+        "--dry-run",
+        "--database-url",
+        url,
+    ]);
+    assert_eq!((dry.code, dry.stderr.as_str()), (0, ""), "{dry:?}");
+    assert_eq!(dry.stdout, DRY_RUN);
+    assert_eq!(
+        runtime.block_on(store.query_audit(&everything())).expect("query"),
+        before
+    );
+
+    let json = capgate(&[
+        "audit",
+        "prune",
+        "--before",
+        "2025-04-15T00:00:00Z",
+        "--dry-run",
+        "--json",
+        "--database-url",
+        url,
+    ]);
+    assert_eq!(json.code, 0, "{json:?}");
+    let document: Value = serde_json::from_str(&json.stdout).expect("JSON");
+    assert_eq!(document["dry_run"], true);
+    assert_eq!(document["before"], "2025-04-15T00:00:00Z");
+    assert_eq!(document["kept_from"], "2025-04-01T00:00:00Z");
+    assert_eq!(document["records"], 9);
+    assert_eq!(
+        document["dropped"][0],
+        serde_json::json!({
+            "name": "audit_log_p2025_01",
+            "from": "2025-01-01T00:00:00Z",
+            "until": "2025-02-01T00:00:00Z",
+            "records": 3,
+        })
+    );
+    assert_eq!(
+        runtime.block_on(store.query_audit(&everything())).expect("query"),
+        before
+    );
+
+    // The prune does it: January to March go, April (which holds the cutoff)
+    // and everything after it stay, record for record.
+    let pruned = capgate(&["audit", "prune", "--before", "2025-04-15", "--database-url", url]);
+    assert_eq!((pruned.code, pruned.stderr.as_str()), (0, ""), "{pruned:?}");
+    assert_eq!(pruned.stdout, PRUNED);
+    let kept: Vec<AuditRecord> = before
+        .iter()
+        .filter(|record| record.at_ms >= month_start(4))
+        .cloned()
+        .collect();
+    assert_eq!(
+        runtime.block_on(store.query_audit(&everything())).expect("query"),
+        kept
+    );
+
+    let again = capgate(&["audit", "prune", "--before", "2025-04-15", "--database-url", url]);
+    assert_eq!(again.code, 0, "{again:?}");
+    assert_eq!(
+        again.stdout,
+        "nothing to drop: no month of the audit trail ends by 2025-04-15T00:00:00Z\n\
+         kept whole: the month from 2025-04-01T00:00:00Z holds 2025-04-15T00:00:00Z, and everything after it\n"
+    );
+
+    // `capgate audit` without a subcommand still queries.
+    let query = capgate(&[
+        "audit",
+        "--principal",
+        "staff:ana",
+        "--json",
+        "--database-url",
+        url,
+    ]);
+    assert_eq!(query.code, 0, "{query:?}");
+    let found: Value = serde_json::from_str(&query.stdout).expect("JSON");
+    assert_eq!(found.as_array().map(Vec::len), Some(3), "April to June, one each");
+}
+
+#[test]
+fn prune_on_sqlite() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let url = format!("sqlite://{}", dir.path().join("capgate.db").display());
+    let store = runtime().block_on(async {
+        let store = SqliteStore::connect(&url, &StoreOptions::default())
+            .await
+            .expect("open SQLite");
+        store.migrate().await.expect("migrate");
+        store
+    });
+    prune_end_to_end(&url, &store);
+}
+
+#[test]
+fn prune_on_postgres() {
+    let runtime = runtime();
+    let Some(database) = runtime.block_on(TestDatabase::create()) else {
+        return;
+    };
+    let store = runtime.block_on(async {
+        let store = PostgresStore::connect_with(database.options.clone(), &StoreOptions::default())
+            .await
+            .expect("open the test database");
+        store.migrate().await.expect("migrate");
+        store
+    });
+    prune_end_to_end(&database.url(), &store);
+}
+
+#[test]
+fn usage_errors_name_the_flag() {
+    let check = |args: &[&str], expected: &str| {
+        let run = capgate(args);
+        assert_eq!(run.code, 2, "{args:?}: {run:?}");
+        assert_eq!(run.stdout, "", "{args:?}");
+        assert!(run.stderr.contains(expected), "{args:?}: {}", run.stderr);
+        assert!(
+            run.stderr.ends_with("For more information, try '--help'.\n"),
+            "{args:?}: {run:?}"
+        );
+    };
+    check(
+        &["audit", "prune", "--before", "last tuesday"],
+        "invalid value 'last tuesday' for '--before <T>': expected an RFC 3339 instant such as \
+         `2026-01-02T15:04:05Z` or a date such as `2026-01-02`",
+    );
+    check(
+        &["audit", "prune", "--before", "2025-02-30"],
+        "invalid value '2025-02-30' for '--before <T>': day `30` does not exist in 2025-02",
+    );
+    check(&["audit", "prune"], "--before <T>");
+    check(
+        &["audit", "prune", "--before", "9999-01-01"],
+        "error: `--before 9999-01-01T00:00:00Z` is in the future",
+    );
+    // The query's filters and the prune do not mix.
+    check(
+        &[
+            "audit",
+            "--principal",
+            "staff:ana",
+            "prune",
+            "--before",
+            "2025-01-01",
+        ],
+        "error:",
+    );
+    check(
+        &["audit", "prune", "--before", "2025-01-01", "--principal", "x"],
+        "'--principal'",
+    );
+}
