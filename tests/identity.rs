@@ -2,8 +2,10 @@
 //! authenticates callers' own credentials against the policy's issuers — a
 //! local OIDC provider over loopback HTTP for `oidc`, keys by `env://` and
 //! `file://` for `static-key`, forwarded DNs for `mtls` — and never lets a
-//! presented credential or a secret reach audit rows, logs, responses or
-//! errors (policy-core §5 property 7).
+//! presented credential or a secret reach audit rows, logs, traces, metrics,
+//! responses or errors (policy-core §5 property 7): the sentinel test runs the
+//! server with OTLP export to a real receiver (tests/support/otlp.rs) and
+//! Prometheus text on.
 
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 
@@ -20,6 +22,10 @@ use capgate::periphery::store::{AuditFilter, AuditRecord, SqliteStore, Store, St
 use serde_json::{json, Value};
 use support::client::principal;
 use support::oidc::{Behaviour, Endpoint, KeyType, OidcProvider, AUDIENCE};
+use support::otlp::{
+    eventually, http_get, int, leaks, metrics_addr, prometheus_value, sum_value, text, Receiver, DECIDE_SPAN,
+    LIST_SPAN,
+};
 use support::process::Serve;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
@@ -30,6 +36,12 @@ const FILE_KEY: &str = "sentinel-file-key-2b81d4";
 const ACCOUNT_SECRET: &str = "sentinel-account-secret-c0ffee";
 const GATEWAY_TOKEN: &str = "sentinel-gateway-token-9e9e";
 const TRUSTED_TOKEN: &str = "sentinel-trusted-token-5d5d";
+
+/// `--otlp-interval` of [`World::observed`]: how often metrics are exported,
+/// and the longest a finished span waits.
+const EXPORT_EVERY: &str = "200ms";
+/// How long what is exported that often may take to arrive.
+const ARRIVES_WITHIN: Duration = Duration::from_secs(20);
 
 /// A policy with one issuer of each kind (and a second static key), all
 /// granted something.
@@ -107,11 +119,24 @@ struct World {
     idp: OidcProvider,
     serve: Serve,
     database: String,
+    /// With [`World::observed`]: the OTLP receiver the server exports to.
+    otlp: Option<Receiver>,
     _dir: tempfile::TempDir,
 }
 
 impl World {
     async fn start() -> World {
+        World::launch(None).await
+    }
+
+    /// As [`World::start`], with every telemetry output on: traces and
+    /// metrics exported over OTLP every [`EXPORT_EVERY`] to a receiver here,
+    /// and Prometheus text on a loopback port ([`support::otlp::metrics_addr`]).
+    async fn observed() -> World {
+        World::launch(Some(Receiver::start(None).await)).await
+    }
+
+    async fn launch(otlp: Option<Receiver>) -> World {
         let idp = OidcProvider::start().await;
         let dir = tempfile::tempdir().expect("a temporary directory");
         let key_file = dir.path().join("filed.key");
@@ -119,17 +144,29 @@ impl World {
         let policy_file = dir.path().join("policy.yaml");
         std::fs::write(&policy_file, policy(&idp.discovery_url(), &key_file)).expect("write the policy");
         let database = format!("sqlite://{}", dir.path().join("capgate.db").display());
+        let endpoint = otlp.as_ref().map(Receiver::endpoint);
+        let mut args = vec![
+            "--database-url",
+            &database,
+            "--policy",
+            policy_file.to_str().expect("utf-8 path"),
+            "--gateway-token",
+            "edge-gw=env://CAPGATE_TEST_GATEWAY_TOKEN",
+            "--asserting-gateway-token",
+            "trusted-gw=env://CAPGATE_TEST_TRUSTED_TOKEN",
+        ];
+        if let Some(endpoint) = &endpoint {
+            args.extend([
+                "--otlp-endpoint",
+                endpoint,
+                "--otlp-interval",
+                EXPORT_EVERY,
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ]);
+        }
         let serve = Serve::start_with_env(
-            &[
-                "--database-url",
-                &database,
-                "--policy",
-                policy_file.to_str().expect("utf-8 path"),
-                "--gateway-token",
-                "edge-gw=env://CAPGATE_TEST_GATEWAY_TOKEN",
-                "--asserting-gateway-token",
-                "trusted-gw=env://CAPGATE_TEST_TRUSTED_TOKEN",
-            ],
+            &args,
             &[
                 ("CAPGATE_LOG", "debug"),
                 ("CAPGATE_TEST_STATIC_KEY", STATIC_KEY),
@@ -144,6 +181,7 @@ impl World {
             idp,
             serve,
             database,
+            otlp,
             _dir: dir,
         }
     }
@@ -618,10 +656,16 @@ async fn oversized_credentials_are_invalid_arguments_naming_the_field() {
 /// Policy-core §5 property 7: unique secrets — static keys (from the
 /// environment and a file), presented tokens and keys, the account secret
 /// behind a reference, gateway tokens — never appear in audit rows, logs
-/// (at debug), responses or errors; the account id does.
+/// (at debug), traces and metrics (every raw OTLP export, and the Prometheus
+/// text), responses or errors; the account id does.
+///
+/// The telemetry check is not vacuous: a span arrives for every call; an
+/// answered `Decide`'s span carries its outcome and code (`unauthenticated`
+/// and the problem for a refused credential), a failed call's span its gRPC
+/// status; and the metrics count the refused credentials.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_secrets_never_leave_their_place() {
-    let world = World::start().await;
+    let mut world = World::observed().await;
     let mut client = world.client().await;
     let token = world.token(KeyType::Rsa, "ana", json!({"team": "billing"}));
     let expired = {
@@ -630,32 +674,74 @@ async fn sentinel_secrets_never_leave_their_place() {
         world.idp.mint(&world.idp.kid(KeyType::Rsa), &claims)
     };
     let mut seen = String::new();
+    // Answered: (request, the outcome and code its span must carry).
     let requests = vec![
-        ask(bearer(&token), "", "billing.refund.create"),
-        ask(bearer(&expired), "", "billing.refund.create"),
-        ask(
-            credential::Kind::ApiKey(STATIC_KEY.into()),
-            "",
-            "docs.page.search",
+        (
+            ask(bearer(&token), "", "billing.refund.create"),
+            "allow",
+            "granted",
         ),
-        ask(
-            credential::Kind::ApiKey(FILE_KEY.into()),
-            "",
-            "deploy.release.approve",
+        (
+            ask(bearer(&expired), "", "billing.refund.create"),
+            "unauthenticated",
+            "credential_expired",
         ),
-        ask(
-            credential::Kind::ApiKey(format!("{STATIC_KEY}-wrong")),
-            "",
-            "docs.page.search",
+        (
+            ask(
+                credential::Kind::ApiKey(STATIC_KEY.into()),
+                "",
+                "docs.page.search",
+            ),
+            "allow",
+            "granted",
+        ),
+        (
+            ask(
+                credential::Kind::ApiKey(FILE_KEY.into()),
+                "",
+                "deploy.release.approve",
+            ),
+            "allow",
+            "granted",
+        ),
+        (
+            ask(
+                credential::Kind::ApiKey(format!("{STATIC_KEY}-wrong")),
+                "",
+                "docs.page.search",
+            ),
+            "unauthenticated",
+            "credential_invalid",
         ),
     ];
-    for request in requests {
-        match client.decide(as_gateway(request, GATEWAY_TOKEN)).await {
-            Ok(response) => seen.push_str(&format!("{:?}\n", response.into_inner())),
-            Err(status) => seen.push_str(&format!("{status:?}\n")),
-        }
+    let mut decided = Vec::new();
+    for (request, outcome, code) in requests {
+        let response = client
+            .decide(as_gateway(request, GATEWAY_TOKEN))
+            .await
+            .expect("an answer")
+            .into_inner();
+        seen.push_str(&format!("{response:?}\n"));
+        decided.push((response.decision_id, outcome, code));
     }
+    // A listing for the presented token.
+    let listed = client
+        .list_visible(as_gateway(
+            ListVisibleRequest {
+                caller: Some(list_visible_request::Caller::Credential(Credential {
+                    kind: Some(bearer(&token)),
+                    issuer: String::new(),
+                })),
+                request_id: String::new(),
+            },
+            GATEWAY_TOKEN,
+        ))
+        .await
+        .expect("a listing")
+        .into_inner();
+    seen.push_str(&format!("{listed:?}\n"));
     // Errors: a wrong gateway token, an asserting gateway, an oversized key.
+    let mut refused = Vec::new();
     for (request, gateway) in [
         (
             ask(bearer(&token), "", "docs.page.search"),
@@ -687,19 +773,94 @@ async fn sentinel_secrets_never_leave_their_place() {
             .await
             .expect_err("refused");
         seen.push_str(&format!("{status:?}\n"));
+        refused.push(i64::from(status.code() as i32));
     }
+    refused.sort_unstable();
+
+    // ── What telemetry saw: first, that it saw the calls ──
+    let otlp = world.otlp.as_ref().expect("an observed world");
+    eventually("a span for every answered Decide", ARRIVES_WITHIN, || {
+        decided
+            .iter()
+            .all(|(id, ..)| otlp.decision_span(id).is_some())
+            .then_some(())
+    })
+    .await;
+    for (id, outcome, code) in &decided {
+        let (_, span) = otlp.decision_span(id).expect("its span");
+        assert_eq!(span.name, DECIDE_SPAN);
+        assert_eq!(
+            text(&span.attributes, "capgate.outcome").as_deref(),
+            Some(*outcome),
+            "{span:?}"
+        );
+        assert_eq!(
+            text(&span.attributes, "capgate.code").as_deref(),
+            Some(*code),
+            "{span:?}"
+        );
+    }
+    // The refused calls have spans too: their status, and no decision.
+    eventually("a span for every refused Decide", ARRIVES_WITHIN, || {
+        let mut statuses: Vec<i64> = otlp
+            .spans()
+            .iter()
+            .filter(|(_, span)| {
+                span.name == DECIDE_SPAN && text(&span.attributes, "capgate.decision_id").is_none()
+            })
+            .filter_map(|(_, span)| int(&span.attributes, "rpc.grpc.status_code"))
+            .collect();
+        statuses.sort_unstable();
+        (statuses == refused).then_some(())
+    })
+    .await;
+    eventually("the listing's span", ARRIVES_WITHIN, || {
+        otlp.spans().into_iter().find(|(_, span)| {
+            span.name == LIST_SPAN && text(&span.attributes, "capgate.outcome").as_deref() == Some("allow")
+        })
+    })
+    .await;
+    fn unauthenticated(code: &str) -> [(&str, &str); 2] {
+        [("outcome", "unauthenticated"), ("code", code)]
+    }
+    eventually("the refusals counted", ARRIVES_WITHIN, || {
+        let (_, decisions) = otlp.latest_metric("capgate.decisions")?;
+        let counted = |code| sum_value(&decisions, &unauthenticated(code));
+        (counted("credential_expired") == Some(1) && counted("credential_invalid") == Some(1)).then_some(())
+    })
+    .await;
+    let (status, scraped) = http_get(metrics_addr(&world.serve), "/metrics").await;
+    assert_eq!(status, 200, "{scraped}");
+    assert_eq!(
+        prometheus_value(
+            &scraped,
+            "capgate_decisions_total",
+            &unauthenticated("credential_expired")
+        ),
+        Some(1.0),
+        "{scraped}"
+    );
+    // Stopped: whatever it still held is flushed, and the exports are complete.
+    world.serve.terminate();
+    assert!(world.serve.wait(Duration::from_secs(30)).await.success());
+    let (exported, exported_text) = otlp.everything();
+    assert!(!exported.is_empty());
+
     let audit = format!("{:?}", world.audit().await);
     let logs = world.serve.logs();
     assert!(seen.contains("billing-svc"), "the account id is answered: {seen}");
     assert!(audit.contains("billing-svc"), "the account id is audited");
     let signature = token.rsplit('.').next().expect("a signature");
+    let expired_signature = expired.rsplit('.').next().expect("a signature");
     for (name, secret) in [
         ("the env static key", STATIC_KEY),
         ("the file static key", FILE_KEY),
         ("the account secret", ACCOUNT_SECRET),
         ("the gateway token", GATEWAY_TOKEN),
         ("the trusted gateway token", TRUSTED_TOKEN),
+        ("the presented token", token.as_str()),
         ("the token's signature", signature),
+        ("the expired token's signature", expired_signature),
     ] {
         assert!(!audit.contains(secret), "{name} is in the audit trail");
         assert!(!logs.contains(secret), "{name} is in the logs:\n{logs}");
@@ -709,6 +870,15 @@ async fn sentinel_secrets_never_leave_their_place() {
             !seen.contains(secret),
             "{name} is in a response or an error:\n{seen}"
         );
+        assert!(
+            !leaks(&exported, secret),
+            "{name} was exported over OTLP:\n{exported_text}"
+        );
+        assert!(
+            !exported_text.contains(secret),
+            "{name} is in the decoded OTLP exports"
+        );
+        assert!(!scraped.contains(secret), "{name} is in /metrics:\n{scraped}");
     }
 }
 

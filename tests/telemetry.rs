@@ -1,7 +1,7 @@
 //! Telemetry of `capgate serve`, end to end (service.md §7, docs/operations.md "Telemetry"): a real
-//! `serve` process exports over OTLP/gRPC to a real receiver started here — a tonic server
-//! implementing the collector's `TraceService` and `MetricsService` from `opentelemetry-proto` —
-//! and serves Prometheus text that is scraped over real HTTP.
+//! `serve` process exports over OTLP/gRPC to a real receiver (tests/support/otlp.rs: a tonic
+//! server implementing the collector's `TraceService` and `MetricsService` from
+//! `opentelemetry-proto`) and serves Prometheus text that is scraped over real HTTP.
 //!
 //! * [`spans_and_metrics_describe_each_call`]: one span per RPC with the documented name and
 //!   attributes (the decision id of the real response, outcome, code, revision), the caller's
@@ -22,9 +22,7 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use capgate::periphery::server::proto::decision_service_client::DecisionServiceClient;
@@ -32,307 +30,20 @@ use capgate::periphery::server::proto::{
     list_visible_request, list_visible_response, DecideRequest, DecideResponse, ListVisibleRequest,
     ListVisibleResponse,
 };
-use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
-    MetricsService, MetricsServiceServer,
-};
-use opentelemetry_proto::tonic::collector::metrics::v1::{
-    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
-use opentelemetry_proto::tonic::common::v1::{any_value, KeyValue};
-use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point, Metric};
-use opentelemetry_proto::tonic::trace::v1::{span, Span};
-use prost::Message;
+use opentelemetry_proto::tonic::metrics::v1::metric;
+use opentelemetry_proto::tonic::trace::v1::span;
 use support::client::{
     ana, dee, for_capability, for_tool, principal, recorded_outcome, wait_serving, CATALOG, POLICY,
 };
+use support::otlp::{
+    eventually, gauge_value, histogram, http_get, int, leaks, metrics_addr, prometheus_value, sum_value,
+    text, Receiver, DECIDE_SPAN, LIST_SPAN,
+};
 use support::process::Serve;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::{Channel, Identity, Server, ServerTlsConfig};
-use tonic::{Request, Response, Status};
+use tonic::transport::{Channel, Identity};
 
-/// The span of a `Decide`, as documented.
-const DECIDE_SPAN: &str = "capgate.v1.DecisionService/Decide";
-const LIST_SPAN: &str = "capgate.v1.DecisionService/ListVisible";
 /// How long anything exported every second may take to arrive.
 const ARRIVES_WITHIN: Duration = Duration::from_secs(20);
-
-// ── The OTLP receiver ─────────────────────────────────────────────────────
-
-/// Everything a receiver was sent, in arrival order.
-#[derive(Clone, Default)]
-struct Received {
-    traces: Arc<Mutex<Vec<ExportTraceServiceRequest>>>,
-    metrics: Arc<Mutex<Vec<ExportMetricsServiceRequest>>>,
-}
-
-#[tonic::async_trait]
-impl TraceService for Received {
-    async fn export(
-        &self,
-        request: Request<ExportTraceServiceRequest>,
-    ) -> Result<Response<ExportTraceServiceResponse>, Status> {
-        self.traces.lock().unwrap().push(request.into_inner());
-        Ok(Response::new(ExportTraceServiceResponse::default()))
-    }
-}
-
-#[tonic::async_trait]
-impl MetricsService for Received {
-    async fn export(
-        &self,
-        request: Request<ExportMetricsServiceRequest>,
-    ) -> Result<Response<ExportMetricsServiceResponse>, Status> {
-        self.metrics.lock().unwrap().push(request.into_inner());
-        Ok(Response::new(ExportMetricsServiceResponse::default()))
-    }
-}
-
-/// A collector on a loopback port; it stops when dropped.
-struct Receiver {
-    addr: SocketAddr,
-    received: Received,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl Receiver {
-    async fn start(tls: Option<Identity>) -> Receiver {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the receiver");
-        let addr = listener.local_addr().expect("the receiver's address");
-        let received = Received::default();
-        let mut server = Server::builder();
-        if let Some(identity) = tls {
-            server = server
-                .tls_config(ServerTlsConfig::new().identity(identity))
-                .expect("the receiver's TLS");
-        }
-        let router = server
-            .add_service(TraceServiceServer::new(received.clone()))
-            .add_service(MetricsServiceServer::new(received.clone()));
-        let task = tokio::spawn(async move {
-            router
-                .serve_with_incoming(TcpListenerStream::new(listener))
-                .await
-                .expect("the receiver serves");
-        });
-        Receiver { addr, received, task }
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    /// Every span received, with its resource's attributes.
-    fn spans(&self) -> Vec<(Vec<KeyValue>, Span)> {
-        let traces = self.received.traces.lock().unwrap();
-        let mut spans = Vec::new();
-        for request in traces.iter() {
-            for resource_spans in &request.resource_spans {
-                let resource = resource_spans
-                    .resource
-                    .as_ref()
-                    .map(|resource| resource.attributes.clone())
-                    .unwrap_or_default();
-                for scope in &resource_spans.scope_spans {
-                    for span in &scope.spans {
-                        spans.push((resource.clone(), span.clone()));
-                    }
-                }
-            }
-        }
-        spans
-    }
-
-    /// The span whose `capgate.decision_id` is `id`.
-    fn decision_span(&self, id: &str) -> Option<(Vec<KeyValue>, Span)> {
-        self.spans()
-            .into_iter()
-            .find(|(_, span)| text(&span.attributes, "capgate.decision_id") == Some(id.to_owned()))
-    }
-
-    /// The metric `name` of the latest export that holds it, with that export's resource.
-    fn latest_metric(&self, name: &str) -> Option<(Vec<KeyValue>, Metric)> {
-        let exports = self.received.metrics.lock().unwrap();
-        for request in exports.iter().rev() {
-            for resource_metrics in &request.resource_metrics {
-                for scope in &resource_metrics.scope_metrics {
-                    if let Some(metric) = scope.metrics.iter().find(|metric| metric.name == name) {
-                        let resource = resource_metrics
-                            .resource
-                            .as_ref()
-                            .map(|resource| resource.attributes.clone())
-                            .unwrap_or_default();
-                        return Some((resource, metric.clone()));
-                    }
-                }
-            }
-        }
-        None
-    }
-
-    /// Everything received, encoded as it came over the wire, and as Debug text.
-    fn everything(&self) -> (Vec<u8>, String) {
-        let mut bytes = Vec::new();
-        let mut text = String::new();
-        for request in self.received.traces.lock().unwrap().iter() {
-            bytes.extend(request.encode_to_vec());
-            text.push_str(&format!("{request:?}\n"));
-        }
-        for request in self.received.metrics.lock().unwrap().iter() {
-            bytes.extend(request.encode_to_vec());
-            text.push_str(&format!("{request:?}\n"));
-        }
-        (bytes, text)
-    }
-}
-
-// ── Reading what arrived ──────────────────────────────────────────────────
-
-fn value<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a any_value::Value> {
-    attributes
-        .iter()
-        .find(|attribute| attribute.key == key)
-        .and_then(|attribute| attribute.value.as_ref())
-        .and_then(|value| value.value.as_ref())
-}
-
-/// A string attribute, or an integer one as text.
-fn text(attributes: &[KeyValue], key: &str) -> Option<String> {
-    match value(attributes, key)? {
-        any_value::Value::StringValue(text) => Some(text.clone()),
-        any_value::Value::IntValue(number) => Some(number.to_string()),
-        any_value::Value::BoolValue(flag) => Some(flag.to_string()),
-        other => Some(format!("{other:?}")),
-    }
-}
-
-fn int(attributes: &[KeyValue], key: &str) -> Option<i64> {
-    match value(attributes, key)? {
-        any_value::Value::IntValue(number) => Some(*number),
-        _ => None,
-    }
-}
-
-fn matches(attributes: &[KeyValue], wanted: &[(&str, &str)]) -> bool {
-    wanted
-        .iter()
-        .all(|(key, expected)| text(attributes, key).as_deref() == Some(*expected))
-}
-
-/// The value of a sum (counter) point with these attributes.
-fn sum_value(metric: &Metric, wanted: &[(&str, &str)]) -> Option<i64> {
-    let Some(metric::Data::Sum(sum)) = &metric.data else {
-        panic!("{} is not a sum: {:?}", metric.name, metric.data);
-    };
-    sum.data_points
-        .iter()
-        .find(|point| matches(&point.attributes, wanted))
-        .map(|point| match point.value {
-            Some(number_data_point::Value::AsInt(value)) => value,
-            Some(number_data_point::Value::AsDouble(value)) => value as i64,
-            None => 0,
-        })
-}
-
-/// (count, sum) over the histogram points with these attributes.
-fn histogram(metric: &Metric, wanted: &[(&str, &str)]) -> (u64, f64) {
-    let Some(metric::Data::Histogram(histogram)) = &metric.data else {
-        panic!("{} is not a histogram: {:?}", metric.name, metric.data);
-    };
-    histogram
-        .data_points
-        .iter()
-        .filter(|point| matches(&point.attributes, wanted))
-        .fold((0, 0.0), |(count, sum), point| {
-            (count + point.count, sum + point.sum.unwrap_or(0.0))
-        })
-}
-
-fn gauge_value(metric: &Metric) -> Option<i64> {
-    let Some(metric::Data::Gauge(gauge)) = &metric.data else {
-        panic!("{} is not a gauge: {:?}", metric.name, metric.data);
-    };
-    gauge.data_points.last().map(|point| match point.value {
-        Some(number_data_point::Value::AsInt(value)) => value,
-        Some(number_data_point::Value::AsDouble(value)) => value as i64,
-        None => 0,
-    })
-}
-
-/// Polls `check` until it gives a value; panics with `what` after `within`.
-async fn eventually<T>(what: &str, within: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(found) = check() {
-            return found;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-// ── Prometheus text over HTTP ─────────────────────────────────────────────
-
-/// `GET path` over a plain TCP connection: (status code, body).
-async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect to the metrics port");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .expect("send the request");
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).await.expect("read the answer");
-    let answer = String::from_utf8(answer).expect("a UTF-8 answer");
-    let (head, body) = answer.split_once("\r\n\r\n").expect("a head and a body");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .expect("a status code");
-    (status, body.to_owned())
-}
-
-/// The value of the series `name{…}` whose labels include `labels`.
-fn prometheus_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter_map(|line| line.rsplit_once(' '))
-        .find(|(series, _)| {
-            let (series_name, series_labels) = series.split_once('{').unwrap_or((series, ""));
-            series_name == name
-                && labels
-                    .iter()
-                    .all(|(key, value)| series_labels.contains(&format!("{key}=\"{value}\"")))
-        })
-        .and_then(|(_, value)| value.parse().ok())
-}
-
-/// The address `--metrics-listen` resolved to, from the start-up log line.
-fn metrics_addr(serve: &Serve) -> SocketAddr {
-    serve
-        .logs()
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .find(|line| line["fields"]["message"] == "serving Prometheus metrics at /metrics")
-        .and_then(|line| line["fields"]["address"].as_str()?.parse().ok())
-        .unwrap_or_else(|| panic!("no metrics address logged:\n{}", serve.logs()))
-}
 
 // ── The server under test ─────────────────────────────────────────────────
 
@@ -876,13 +587,6 @@ fn with_token<T>(token: &str, request: T) -> tonic::Request<T> {
         format!("Bearer {token}").parse().expect("a metadata value"),
     );
     request
-}
-
-/// Whether `needle` occurs in `haystack`.
-fn leaks(haystack: &[u8], needle: &str) -> bool {
-    haystack
-        .windows(needle.len())
-        .any(|window| window == needle.as_bytes())
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests that talk to the decision service
 //! or its store: fresh PostgreSQL databases, `capgate serve` child processes,
-//! requests and policies, and a TCP proxy that can cut a connection.
+//! requests and policies, a TCP proxy that can cut a connection, a local OIDC
+//! provider, and an OTLP receiver with a Prometheus scraper for what `serve`
+//! exports.
 //!
 //! A test file takes them with `mod support;`. Every test binary compiles
 //! the whole module and uses part of it, so unused items are expected here.
@@ -11,6 +13,7 @@
 
 pub mod client;
 pub mod oidc;
+pub mod otlp;
 pub mod postgres;
 pub mod process;
 pub mod proxy;

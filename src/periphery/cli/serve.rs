@@ -60,6 +60,17 @@ pub struct Args {
     /// gateways asserting a principal get PERMISSION_DENIED.
     #[arg(long, value_name = "NAME=REF")]
     pub asserting_gateway_token: Vec<String>,
+    /// The longest a decision waits for an `oidc` issuer's discovery document
+    /// and keys; past it, a bearer token is answered UNAVAILABLE.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    pub oidc_fetch_timeout: Duration,
+    /// How often every `oidc` issuer's keys are refetched.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
+    pub oidc_refresh_interval: Duration,
+    /// Extra root certificates (PEM) to trust for `https` discovery and key
+    /// set URLs, besides the system's (an identity provider with a private CA).
+    #[arg(long, value_name = "FILE")]
+    pub oidc_ca: Option<PathBuf>,
     /// An admin token (publish, activate, read policies), as for `--gateway-token`.
     #[arg(long, value_name = "NAME=REF")]
     pub admin_token: Vec<String>,
@@ -148,24 +159,16 @@ fn config(args: &Args, policy: Option<PolicyFile>) -> Result<Config, Failure> {
     config.audit_timeout = args.audit_timeout;
     config.audit_spool = args.audit_spool.clone();
     config.audit_batch = args.audit_batch;
-    config.gateway_tokens = args
-        .gateway_token
-        .iter()
-        .map(|spec| Token::resolve("--gateway-token", spec))
-        .collect::<Result<_, _>>()
-        .map_err(usage)?;
-    config.asserting_gateway_tokens = args
-        .asserting_gateway_token
-        .iter()
-        .map(|spec| Token::resolve("--asserting-gateway-token", spec))
-        .collect::<Result<_, _>>()
-        .map_err(usage)?;
-    config.admin_tokens = args
-        .admin_token
-        .iter()
-        .map(|spec| Token::resolve("--admin-token", spec))
-        .collect::<Result<_, _>>()
-        .map_err(usage)?;
+    let tokens = |flag: &str, specs: &[String]| -> Result<Vec<Token>, Failure> {
+        specs
+            .iter()
+            .map(|spec| Token::resolve(flag, spec))
+            .collect::<Result<_, _>>()
+            .map_err(usage)
+    };
+    config.gateway_tokens = tokens("--gateway-token", &args.gateway_token)?;
+    config.asserting_gateway_tokens = tokens("--asserting-gateway-token", &args.asserting_gateway_token)?;
+    config.admin_tokens = tokens("--admin-token", &args.admin_token)?;
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         config.tls = Some(Tls {
             cert: read_bytes(cert)?,
@@ -173,8 +176,36 @@ fn config(args: &Args, policy: Option<PolicyFile>) -> Result<Config, Failure> {
             client_ca: args.tls_client_ca.as_deref().map(read_bytes).transpose()?,
         });
     }
+    if args.oidc_fetch_timeout.is_zero() || args.oidc_refresh_interval.is_zero() {
+        return Err(Failure::Usage(
+            "`--oidc-fetch-timeout` and `--oidc-refresh-interval` must be longer than 0ms".to_owned(),
+        ));
+    }
+    config.oidc.fetch_timeout = args.oidc_fetch_timeout;
+    config.oidc.refresh_interval = args.oidc_refresh_interval;
+    if let Some(path) = &args.oidc_ca {
+        config.oidc_roots = read_certificates(path)?;
+    }
     config.check().map_err(usage)?;
     Ok(config)
+}
+
+/// Every certificate of a PEM file, as DER; none is an input error.
+fn read_certificates(path: &std::path::Path) -> Result<Vec<Vec<u8>>, Failure> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let bytes = read_bytes(path)?;
+    let certificates: Vec<Vec<u8>> = CertificateDer::pem_slice_iter(&bytes)
+        .map(|certificate| certificate.map(|der| der.to_vec()))
+        .collect::<Result<_, _>>()
+        .map_err(|error| Failure::Input(format!("`{}` is not PEM: {error}", path.display())))?;
+    if certificates.is_empty() {
+        return Err(Failure::Input(format!(
+            "`{}` holds no certificate",
+            path.display()
+        )));
+    }
+    Ok(certificates)
 }
 
 fn telemetry_options(args: &Args) -> Result<telemetry::Options, Failure> {

@@ -14,7 +14,9 @@
 //!    header's `alg` exactly, and its `use`/`key_ops` (when present) allow signature verification.
 //!    Header parameters that carry or point at keys (`jwk`, `jku`, `x5u`, `x5c`) are ignored: keys
 //!    only ever come from the issuer's own set.
-//! 3. the signature (jsonwebtoken's RustCrypto verifiers).
+//! 3. the signature, with `ring`'s verifiers (RSA PKCS#1 v1.5 and PSS from the modulus and exponent,
+//!    ECDSA over the uncompressed point with fixed-size `r || s` signatures, Ed25519 over the raw
+//!    key), whose key material is decoded and assembled once, when the set is parsed.
 //! 4. the claims: `iss` equals the expected issuer exactly; `aud` (a string or an array) contains the
 //!    expected audience when one is configured; `exp` is required and `exp`/`nbf` are compared with
 //!    `at_ms` with a [`LEEWAY_MS`] allowance for clock skew; `sub` is a string (an empty one passes:
@@ -26,7 +28,7 @@ use std::fmt;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
-use jsonwebtoken::{Algorithm, DecodingKey};
+use ring::signature::{self as ring_signature, RsaPublicKeyComponents, UnparsedPublicKey};
 use serde_json::{Map, Value};
 
 use crate::principals::AuthProblem;
@@ -95,15 +97,15 @@ impl Alg {
         }
     }
 
-    fn jsonwebtoken(self) -> Algorithm {
+    /// The RSA padding and digest of an RSA algorithm (RFC 7518 §3.3, §3.5: PSS with MGF1 and a
+    /// salt as long as the digest); `None` for the others, whose verifier is fixed by the key.
+    fn rsa_parameters(self) -> Option<&'static ring_signature::RsaParameters> {
         match self {
-            Alg::RS256 => Algorithm::RS256,
-            Alg::RS384 => Algorithm::RS384,
-            Alg::RS512 => Algorithm::RS512,
-            Alg::PS256 => Algorithm::PS256,
-            Alg::ES256 => Algorithm::ES256,
-            Alg::ES384 => Algorithm::ES384,
-            Alg::EdDSA => Algorithm::EdDSA,
+            Alg::RS256 => Some(&ring_signature::RSA_PKCS1_2048_8192_SHA256),
+            Alg::RS384 => Some(&ring_signature::RSA_PKCS1_2048_8192_SHA384),
+            Alg::RS512 => Some(&ring_signature::RSA_PKCS1_2048_8192_SHA512),
+            Alg::PS256 => Some(&ring_signature::RSA_PSS_2048_8192_SHA256),
+            Alg::ES256 | Alg::ES384 | Alg::EdDSA => None,
         }
     }
 }
@@ -218,20 +220,11 @@ pub fn verify(token: &str, keys: &Jwks, expected: &Expected<'_>) -> Result<Verif
     let header = Header::decode(parts.header)?;
     let key = keys.select(header.kid.as_deref(), header.alg)?;
 
-    // The signature segment must be base64url; jsonwebtoken decodes it again, which is cheap.
-    if URL_SAFE_NO_PAD.decode(parts.signature).is_err() {
-        return Err(JwtError::Malformed);
-    }
-    match jsonwebtoken::crypto::verify(
-        parts.signature,
-        parts.signing_input.as_bytes(),
-        &key.decoding,
-        header.alg.jsonwebtoken(),
-    ) {
-        Ok(true) => {}
-        // A key jsonwebtoken cannot use (a point off the curve, an RSA modulus it refuses) cannot
-        // verify anything either.
-        Ok(false) | Err(_) => return Err(JwtError::BadSignature),
+    let signature = URL_SAFE_NO_PAD
+        .decode(parts.signature)
+        .map_err(|_| JwtError::Malformed)?;
+    if !key.verifies(header.alg, parts.signing_input.as_bytes(), &signature) {
+        return Err(JwtError::BadSignature);
     }
 
     let claims = decode_object(parts.payload)?;
@@ -392,7 +385,22 @@ struct Jwk {
     /// `false` when `use` or `key_ops` rule out verifying signatures. Such a key is kept so that a
     /// token naming it is told `AlgorithmRefused` rather than `NoSuchKey`, but it never verifies.
     for_signatures: bool,
-    decoding: DecodingKey,
+    material: KeyMaterial,
+}
+
+/// A key as `ring` verifies with it, decoded and assembled when the set is parsed, so that verifying
+/// a token decodes nothing of the key. (`ring` 0.17 has no public type for an already validated
+/// public key: inside each `verify` it still checks these bytes — modulus and exponent ranges, the
+/// point on its curve — and that is part of the figures in docs/benchmarks.md.)
+#[derive(Clone)]
+enum KeyMaterial {
+    /// Modulus and exponent, big-endian without leading zeros; the padding and digest come from the
+    /// token's algorithm (RS256/384/512, PS256).
+    Rsa(RsaPublicKeyComponents<Vec<u8>>),
+    /// The uncompressed SEC1 point `0x04 || x || y` with ECDSA P-256/SHA-256 or P-384/SHA-384 (JWS
+    /// signatures are the fixed-size `r || s`), or the raw 32-byte Ed25519 key with Ed25519: the
+    /// key's curve fixes the algorithm.
+    Fixed(UnparsedPublicKey<Vec<u8>>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -408,6 +416,23 @@ impl Jwk {
         self.for_signatures
             && self.kind == alg.key_kind()
             && self.alg.as_deref().is_none_or(|own| own == alg.as_str())
+    }
+
+    /// Whether `signature` (decoded) is this key's signature of `message` under `alg`. A key `ring`
+    /// refuses (a point off the curve, an exponent out of range) verifies nothing.
+    fn verifies(&self, alg: Alg, message: &[u8], signature: &[u8]) -> bool {
+        // `select` only hands out keys that suit `alg`; checked again so that a mismatch can only
+        // ever refuse.
+        if self.kind != alg.key_kind() {
+            return false;
+        }
+        match (&self.material, alg.rsa_parameters()) {
+            (KeyMaterial::Rsa(components), Some(parameters)) => {
+                components.verify(parameters, message, signature).is_ok()
+            }
+            (KeyMaterial::Fixed(key), None) => key.verify(message, signature).is_ok(),
+            _ => false,
+        }
     }
 }
 
@@ -513,21 +538,24 @@ fn parse_jwk(entry: &Map<String, Value>) -> Option<Jwk> {
     };
     let for_signatures = usage.as_deref().is_none_or(|usage| usage == "sig") && key_ops.unwrap_or(true);
 
-    let (kind, decoding) = match entry.get("kty")?.as_str()? {
+    let (kind, material) = match entry.get("kty")?.as_str()? {
         "RSA" => {
             let n = strip_leading_zeros(member_bytes(entry, "n")?);
             let e = strip_leading_zeros(member_bytes(entry, "e")?);
-            // RFC 7518 §3.3 asks for 2048 bits or more; RustCrypto refuses moduli above 4096.
+            // RFC 7518 §3.3 asks for 2048 bits or more (as `ring`'s `*_2048_8192_*` parameters do);
+            // above 4096 bits we refuse too, which bounds the work one unauthenticated token can ask
+            // for. `ring` takes the exponent without leading zeros, and only odd ones from 3 to
+            // 2^33 - 1: a larger one stays in the set and verifies nothing.
             let bits = n.len() * 8 - n.first().map_or(8, |top| top.leading_zeros() as usize);
             if !(2048..=4096).contains(&bits) || e.is_empty() || e.len() > 8 {
                 return None;
             }
-            (KeyKind::Rsa, DecodingKey::from_rsa_raw_components(&n, &e))
+            (KeyKind::Rsa, KeyMaterial::Rsa(RsaPublicKeyComponents { n, e }))
         }
         "EC" => {
-            let (kind, size) = match entry.get("crv")?.as_str()? {
-                "P-256" => (KeyKind::P256, 32),
-                "P-384" => (KeyKind::P384, 48),
+            let (kind, size, algorithm) = match entry.get("crv")?.as_str()? {
+                "P-256" => (KeyKind::P256, 32, &ring_signature::ECDSA_P256_SHA256_FIXED),
+                "P-384" => (KeyKind::P384, 48, &ring_signature::ECDSA_P384_SHA384_FIXED),
                 _ => return None,
             };
             let x = member_bytes(entry, "x")?;
@@ -535,23 +563,27 @@ fn parse_jwk(entry: &Map<String, Value>) -> Option<Jwk> {
             if x.len() != size || y.len() != size {
                 return None;
             }
-            // An uncompressed SEC1 point, which is what jsonwebtoken's "EC DER" key holds.
+            // The uncompressed SEC1 point `ring` reads; whether it is on the curve, `ring` checks.
             let mut point = Vec::with_capacity(1 + 2 * size);
             point.push(0x04);
             point.extend_from_slice(&x);
             point.extend_from_slice(&y);
-            (kind, DecodingKey::from_ec_der(&point))
+            (kind, KeyMaterial::Fixed(UnparsedPublicKey::new(algorithm, point)))
         }
         "OKP" => {
             if entry.get("crv")?.as_str()? != "Ed25519" {
                 return None;
             }
-            // INVARIANT: exactly 32 bytes; jsonwebtoken slices the first 32 and would panic on fewer.
+            // Exactly 32 bytes (RFC 8037 §2); another length is skipped here rather than kept as a
+            // key that can never verify.
             let x = member_bytes(entry, "x")?;
-            if x.len() != 32 {
+            if x.len() != ring_signature::ED25519_PUBLIC_KEY_LEN {
                 return None;
             }
-            (KeyKind::Ed25519, DecodingKey::from_ed_der(&x))
+            (
+                KeyKind::Ed25519,
+                KeyMaterial::Fixed(UnparsedPublicKey::new(&ring_signature::ED25519, x)),
+            )
         }
         // `oct` (a shared secret) and everything else: never a key an issuer verifies with.
         _ => return None,
@@ -561,7 +593,7 @@ fn parse_jwk(entry: &Map<String, Value>) -> Option<Jwk> {
         alg,
         kind,
         for_signatures,
-        decoding,
+        material,
     })
 }
 
@@ -593,7 +625,7 @@ fn strip_leading_zeros(mut bytes: Vec<u8>) -> Vec<u8> {
 mod tests {
     use std::sync::OnceLock;
 
-    use jsonwebtoken::EncodingKey;
+    use jsonwebtoken::{Algorithm, EncodingKey};
     use proptest::prelude::*;
     use rsa::pkcs1::EncodeRsaPrivateKey;
     use rsa::pkcs8::{EncodePublicKey, LineEnding};

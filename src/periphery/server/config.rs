@@ -37,6 +37,8 @@ pub struct Config {
     pub tls: Option<Tls>,
     /// How `oidc` issuers' keys are fetched and cached.
     pub oidc: OidcSettings,
+    /// Root certificates (DER) trusted for `https` discovery besides the system's.
+    pub oidc_roots: Vec<Vec<u8>>,
 }
 
 impl Config {
@@ -55,6 +57,7 @@ impl Config {
             admin_tokens: Vec::new(),
             tls: None,
             oidc: OidcSettings::default(),
+            oidc_roots: Vec::new(),
         }
     }
 

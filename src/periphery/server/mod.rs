@@ -91,6 +91,15 @@ impl<S: Store> State<S> {
     }
 }
 
+/// The configured extra roots for `https` discovery, as rustls takes them.
+fn oidc_roots(config: &Config) -> Vec<rustls::pki_types::CertificateDer<'static>> {
+    config
+        .oidc_roots
+        .iter()
+        .map(|der| rustls::pki_types::CertificateDer::from(der.clone()))
+        .collect()
+}
+
 /// Fetches the keys of the active version's `oidc` issuers in the
 /// background, so that the first token does not wait for them. A failure is
 /// logged by the directory and retried when a token arrives.
@@ -234,7 +243,8 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
     );
 
     let oidc = Arc::new(
-        OidcDirectory::new(config.oidc.clone()).map_err(|error| StartError::Oidc(error.to_string()))?,
+        OidcDirectory::with_roots(config.oidc.clone(), oidc_roots(&config))
+            .map_err(|error| StartError::Oidc(error.to_string()))?,
     );
     if let Some(active) = &installed {
         prefetch_keys(&oidc, active);
