@@ -46,9 +46,6 @@ pub struct Asserted {
     /// `nbf` at `--at`).
     #[arg(long, value_name = "JWT", conflicts_with_all = ["api_key", "client_dn"])]
     pub token: Option<String>,
-    /// The issuer's key set (a JWKS JSON file) to verify `--token` with, offline.
-    #[arg(long, value_name = "FILE", requires = "token")]
-    pub jwks: Option<PathBuf>,
     /// A `static-key` issuer's key, compared with the keys the issuers' `env://` and `file://`
     /// references hold on this machine.
     #[arg(long, value_name = "KEY", conflicts_with = "client_dn")]
@@ -56,6 +53,15 @@ pub struct Asserted {
     /// A client certificate's DN or an Envoy `x-forwarded-client-cert` value, for an `mtls` issuer.
     #[arg(long, value_name = "DN")]
     pub client_dn: Option<String>,
+}
+
+/// `--jwks`, for the commands that check a `--token` offline (`explain`,
+/// `visible`; `decide` sends the token to the server instead).
+#[derive(Debug, clap::Args)]
+pub struct LocalKeys {
+    /// The issuer's key set (a JWKS JSON file) to verify `--token` with, offline.
+    #[arg(long, value_name = "FILE", requires = "token")]
+    pub jwks: Option<PathBuf>,
 }
 
 impl Asserted {
@@ -67,10 +73,11 @@ impl Asserted {
         &self,
         policy: &CompiledPolicy,
         at: Instant,
+        keys: &LocalKeys,
     ) -> Result<Result<Resolution, AuthProblem>, Failure> {
         let hint = self.issuer.as_deref();
         if let Some(token) = &self.token {
-            let Some(path) = self.jwks.as_deref() else {
+            let Some(path) = keys.jwks.as_deref() else {
                 return Err(Failure::Usage(
                     "`--token` needs `--jwks FILE`: the issuer's key set to verify it with, offline"
                         .to_owned(),

@@ -27,7 +27,7 @@ use super::{instant, Exit, Failure, Outcome};
 pub struct Args {
     /// Who calls: a principal the gateway asserts (the server must trust the
     /// token to assert), or the caller's own credential, which the server
-    /// authenticates (`--jwks` is not used here).
+    /// authenticates.
     #[command(flatten)]
     pub principal: Asserted,
     /// The capability id to decide on.

@@ -15,7 +15,7 @@ use crate::capabilities::ToolDescriptor;
 use crate::policy::{CompiledPolicy, Document};
 use crate::principals::{AuthProblem, Resolution};
 
-use super::args::{parse_instant, parse_usage, Asserted, Common, UsageArg};
+use super::args::{parse_instant, parse_usage, Asserted, Common, LocalKeys, UsageArg};
 use super::input::{Inputs, Loaded};
 use super::{instant, json, render, validate, Exit, Failure, Outcome};
 
@@ -27,6 +27,8 @@ pub struct Args {
     pub policy: PathBuf,
     #[command(flatten)]
     pub principal: Asserted,
+    #[command(flatten)]
+    pub keys: LocalKeys,
     /// The capability id to decide on.
     #[arg(long, value_name = "C")]
     pub capability: Option<String>,
@@ -90,7 +92,7 @@ pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
             Exit::Findings,
         ));
     };
-    let resolution = args.principal.resolve(policy, at)?;
+    let resolution = args.principal.resolve(policy, at, &args.keys)?;
     let explanation = explain(args, policy, at, usage, resolution);
     let document = loaded.compilation.document.as_ref();
     let stdout = if args.common.json {

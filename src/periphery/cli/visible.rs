@@ -14,7 +14,7 @@ use crate::capabilities::ToolDescriptor;
 use crate::policy::CompiledPolicy;
 use crate::principals::{AuthProblem, Resolution};
 
-use super::args::{Asserted, Common};
+use super::args::{Asserted, Common, LocalKeys};
 use super::input::{Inputs, Loaded};
 use super::{json, render, validate, Exit, Failure, Outcome};
 
@@ -25,6 +25,8 @@ pub struct Args {
     pub policy: PathBuf,
     #[command(flatten)]
     pub principal: Asserted,
+    #[command(flatten)]
+    pub keys: LocalKeys,
     #[command(flatten)]
     pub common: Common,
 }
@@ -47,7 +49,9 @@ pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
         ));
     };
     // A credential's `exp` and `nbf` are checked now.
-    let resolution = args.principal.resolve(policy, super::instant::now())?;
+    let resolution = args
+        .principal
+        .resolve(policy, super::instant::now(), &args.keys)?;
     let listing = list(policy, resolution);
     let stdout = if args.common.json {
         super::to_json(&to_json(&loaded, &listing))

@@ -307,6 +307,19 @@ impl OidcDirectory {
         })
     }
 
+    /// The issuer identifier behind `discovery_url` when usable keys are cached; never waits and
+    /// never fetches (a request's fast path: most tokens find their issuer here).
+    pub fn cached_issuer(&self, discovery_url: &str) -> Option<String> {
+        let entry = self
+            .issuers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(discovery_url)
+            .cloned()?;
+        let snapshot = entry.snapshot()?;
+        self.usable(&snapshot).then(|| snapshot.issuer.clone())
+    }
+
     fn entry(&self, discovery_url: &str) -> Arc<IssuerEntry> {
         let mut issuers = self
             .issuers

@@ -41,15 +41,6 @@ pub enum Presented<'a> {
 }
 
 impl Presented<'_> {
-    /// The issuer kind this credential belongs to.
-    pub fn kind(&self) -> IssuerKind {
-        match self {
-            Presented::BearerToken(_) => IssuerKind::Oidc,
-            Presented::ApiKey(_) => IssuerKind::StaticKey,
-            Presented::ClientCertificate(_) => IssuerKind::Mtls,
-        }
-    }
-
     fn text(&self) -> &str {
         match self {
             Presented::BearerToken(text) | Presented::ApiKey(text) | Presented::ClientCertificate(text) => {
@@ -195,11 +186,6 @@ impl StaticKeys {
             [issuer] => credential::from_static_key(issuer),
             _ => Err(AuthProblem::CredentialInvalid),
         }
-    }
-
-    /// How many issuers' keys were read.
-    pub fn readable(&self) -> usize {
-        self.digests.iter().filter(|(_, digest)| digest.is_some()).count()
     }
 
     /// Issuer ids that share one key (each such key authenticates nobody).

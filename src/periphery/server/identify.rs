@@ -159,15 +159,24 @@ async fn bearer(
         let Some(claimed) = peeked.issuer.as_deref() else {
             return Ok(Identity::problem(None, AuthProblem::CredentialInvalid));
         };
-        // Every candidate's discovery document at once: with several
-        // providers down, the wait is one fetch timeout, not one each.
+        // Cached issuers are read without waiting; the others' discovery
+        // documents are fetched at once, so with several providers down the
+        // wait is one fetch timeout, not one each.
+        let mut found: Vec<(usize, Result<String, KeysError>)> = Vec::with_capacity(candidates.len());
         let mut lookups = tokio::task::JoinSet::new();
         for (index, issuer) in candidates.iter().enumerate() {
-            let directory = directory.clone();
             let discovery = issuer.discovery.clone().unwrap_or_default();
-            lookups.spawn(async move { (index, directory.keys(&discovery, None).await) });
+            match directory.cached_issuer(&discovery) {
+                Some(url) => found.push((index, Ok(url))),
+                None => {
+                    let directory = directory.clone();
+                    lookups.spawn(async move {
+                        let looked_up = directory.keys(&discovery, None).await;
+                        (index, looked_up.map(|(url, _)| url))
+                    });
+                }
+            }
         }
-        let mut found = Vec::with_capacity(candidates.len());
         while let Some(joined) = lookups.join_next().await {
             if let Ok(result) = joined {
                 found.push(result);
@@ -179,7 +188,7 @@ async fn bearer(
         for (index, result) in found {
             let issuer = candidates[index];
             match result {
-                Ok((url, _)) if url == claimed => matching.push(issuer),
+                Ok(url) if url == claimed => matching.push(issuer),
                 Ok(_) => {}
                 Err(error) => {
                     unavailable.get_or_insert((issuer, error));

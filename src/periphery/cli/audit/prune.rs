@@ -58,11 +58,6 @@ pub fn run(args: &Args) -> Result<Outcome, Failure> {
     Ok(Outcome::stdout(stdout, Exit::Done))
 }
 
-/// Where what is kept begins: the start of the month holding `before`.
-fn kept_from(before: i64) -> Option<i64> {
-    retention::prune_cutoff(before)
-}
-
 fn human(before: i64, dry_run: bool, pruned: &[PrunedPeriod]) -> String {
     let mut out = String::new();
     let verb = if dry_run { "would drop" } else { "dropped" };
@@ -100,7 +95,7 @@ fn human(before: i64, dry_run: bool, pruned: &[PrunedPeriod]) -> String {
             let _ = writeln!(out, "dropped {} month(s), {total} record(s)", pruned.len());
         }
     }
-    if let Some(kept) = kept_from(before).filter(|kept| *kept < before) {
+    if let Some(kept) = retention::prune_cutoff(before).filter(|kept| *kept < before) {
         let _ = writeln!(
             out,
             "kept whole: the month from {} holds {cutoff}, and everything after it",
@@ -131,7 +126,7 @@ fn document(before: i64, dry_run: bool, pruned: &[PrunedPeriod]) -> Value {
     json!({
         "before": instant::format(before),
         "dry_run": dry_run,
-        "kept_from": kept_from(before).map(instant::format),
+        "kept_from": retention::prune_cutoff(before).map(instant::format),
         "dropped": periods,
         "records": pruned.iter().map(|period| period.records).sum::<u64>(),
     })
