@@ -6,11 +6,10 @@
 //! token's bytes (the cost of touching it at all).
 //!
 //! `decide_identity`: what a bearer token adds to one `Decide`, as the service runs it
-//! (`server/identify.rs`). Baseline: the asserted path (`principals::resolve_asserted` for the
-//! issuer, subject and attributes the token carries, after looking the issuer up by id). Credential
-//! path: `jwt::peek` + `identity::candidates` (with the issuer hint) + a warm-cache
-//! `OidcDirectory::keys(discovery, kid)` hit + `identity::verify_bearer` (verify, then map the claims
-//! through the core). The discovery document and key set are served once over loopback HTTP by the
+//! — through the service's own `server::identify::identify`. Baseline: a trusted gateway asserting
+//! the issuer, subject and attributes the token carries. Credential path: the token with the issuer
+//! hint (`bearer/…`) and without it (`bearer_no_hint/…`, the issuer found from `iss`): peek, the
+//! candidates, a warm-cache key-set hit, verify, then the claims mapped through the core. The discovery document and key set are served once over loopback HTTP by the
 //! test provider of `tests/support/oidc.rs`; every measured call is a cache hit (asserted after the
 //! group). Both paths run as futures on a tokio current-thread runtime (`b.to_async`), with an empty
 //! future as a third baseline for the harness itself.
@@ -32,10 +31,16 @@ use std::hint::black_box;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
+use std::sync::Arc;
+
 use capgate::periphery::identity::jwks::{OidcDirectory, OidcSettings};
 use capgate::periphery::identity::jwt::{self, Expected, Jwks};
-use capgate::periphery::identity::{self, KeyedIssuer};
-use capgate::principals::{resolve_asserted, AuthProblem, Issuer, IssuerKind, Principal};
+use capgate::periphery::server::active::Active;
+use capgate::periphery::server::auth::Caller;
+use capgate::periphery::server::identify::{identify, Asked};
+use capgate::periphery::server::proto::{credential, AssertedPrincipal, Attribute, Credential};
+use capgate::policy::compile;
+use capgate::principals::Principal;
 use criterion::{criterion_group, criterion_main, Criterion};
 use jsonwebtoken::{Algorithm, EncodingKey};
 use rsa::pkcs1::EncodeRsaPrivateKey;
@@ -147,44 +152,39 @@ fn verification(c: &mut Criterion) {
     group.finish();
 }
 
-/// The credential path of `Decide` for a bearer token with an issuer hint, as `server/identify.rs`
-/// runs it (minus the audit bookkeeping): peek, candidates, a key-set look-up, verify and map.
-async fn bearer(
-    directory: &OidcDirectory,
-    issuers: &[Issuer],
-    hint: &str,
-    token: &str,
-    at_ms: i64,
-) -> Result<Principal, AuthProblem> {
-    let peeked = jwt::peek(token).map_err(|error| error.problem())?;
-    let candidates = identity::candidates(issuers, IssuerKind::Oidc, Some(hint))?;
-    let mut keyed = Vec::with_capacity(candidates.len());
-    for issuer in candidates {
-        let discovery = issuer.discovery.as_deref().unwrap_or_default();
-        let (issuer_url, keys) = directory
-            .keys(discovery, peeked.kid.as_deref())
-            .await
-            .map_err(|_| AuthProblem::CredentialInvalid)?;
-        keyed.push(KeyedIssuer {
-            issuer,
-            issuer_url,
-            keys,
-        });
-    }
-    identity::verify_bearer(&keyed, token, at_ms)
-        .1
-        .map(|resolution| resolution.principal)
+/// The bench policy: an `oidc` issuer whose keys the provider serves, and an `mtls` issuer that is
+/// never a candidate for a token.
+fn bench_policy(discovery: &str) -> String {
+    format!(
+        r#"version: 1
+capabilities: [{{ id: docs.page.search }}]
+accounts: []
+principals:
+  issuers:
+    - id: edge
+      kind: mtls
+      attributes: {{ team: "dn:ou" }}
+    - id: agents
+      kind: oidc
+      discovery: "{discovery}"
+      audience: {AUDIENCE}
+      attributes: {{ team: "claim:team", tier: "claim:tier", groups: "claim:groups" }}
+grants: []
+"#
+    )
 }
 
-/// The asserted path of `Decide`: the issuer looked up by id, the attribute pairs normalised.
-fn asserted(
-    issuers: &[Issuer],
-    issuer: &str,
-    subject: &str,
-    pairs: &[(&str, &str)],
-) -> Result<Principal, AuthProblem> {
-    let issuer = issuers.iter().find(|declared| declared.id == issuer);
-    resolve_asserted(issuer, subject, pairs, false).map(|resolution| resolution.principal)
+/// Who `Decide` finds for `asked`, through the service's own `identify`.
+async fn principal_of(
+    directory: &Arc<OidcDirectory>,
+    active: &Active,
+    gateway: &Caller,
+    asked: Asked<'_>,
+) -> Option<Principal> {
+    identify(directory, active, gateway, asked, AT_MS)
+        .await
+        .ok()
+        .and_then(|identity| identity.outcome.ok())
 }
 
 fn decide_identity(c: &mut Criterion) {
@@ -194,35 +194,17 @@ fn decide_identity(c: &mut Criterion) {
         .expect("a tokio runtime");
     // The provider's server task runs on `rt`, whenever `rt` is driven (the warm-up fetch below).
     let idp = rt.block_on(oidc::OidcProvider::start());
-    let directory = OidcDirectory::new(OidcSettings::default()).expect("an OIDC directory");
-
-    // Two declared issuers, as a policy would have (the other one is an `mtls` issuer, never a
-    // candidate): the hint names ours.
-    let agents = Issuer {
-        id: "agents".into(),
-        kind: IssuerKind::Oidc,
-        attributes: vec![
-            ("team".into(), "claim:team".into()),
-            ("tier".into(), "claim:tier".into()),
-            ("groups".into(), "claim:groups".into()),
-        ],
-        subject: None,
-        discovery: Some(idp.discovery_url()),
-        audience: Some(AUDIENCE.into()),
-        secret_ref: None,
-        path: "/principals/issuers/0".into(),
+    let directory = Arc::new(OidcDirectory::new(OidcSettings::default()).expect("an OIDC directory"));
+    let compiled = compile(bench_policy(&idp.discovery_url()).as_bytes(), None);
+    let (Some(policy), Some(document)) = (compiled.policy, compiled.document) else {
+        panic!("the bench policy does not compile: {:?}", compiled.diagnostics);
     };
-    let edge = Issuer {
-        id: "edge".into(),
-        kind: IssuerKind::Mtls,
-        attributes: vec![("team".into(), "dn:ou".into())],
-        subject: None,
-        discovery: None,
-        audience: None,
-        secret_ref: None,
-        path: "/principals/issuers/1".into(),
+    let active = Active::new(1, "bench".into(), policy, document, None);
+    let gateway = Caller {
+        name: "gw".into(),
+        admin: false,
+        may_assert: true,
     };
-    let issuers = vec![edge, agents];
 
     // The same access-token claims as the `jwt_verify` group, from this provider.
     let claims = json!({
@@ -231,25 +213,57 @@ fn decide_identity(c: &mut Criterion) {
         "jti": "0b6c1a0e-3c55-4d4e-9f5e-8a7c2e1d9b41", "scope": "openid mcp:tools",
         "team": "billing", "groups": ["agents"], "tier": 2,
     });
-    let tokens: Vec<(&str, String)> = [
+    let credential = |token: String, hint: &str| Credential {
+        kind: Some(credential::Kind::BearerToken(token)),
+        issuer: hint.to_owned(),
+    };
+    // Per algorithm: the token with the issuer hint, and without it (the issuer found from `iss`).
+    let tokens: Vec<(&str, Credential, Credential)> = [
         ("RS256", oidc::KeyType::Rsa),
         ("ES256", oidc::KeyType::P256),
         ("EdDSA", oidc::KeyType::Ed25519),
     ]
     .into_iter()
-    .map(|(name, key_type)| (name, idp.mint(&idp.kid(key_type), &claims)))
+    .map(|(name, key_type)| {
+        let token = idp.mint(&idp.kid(key_type), &claims);
+        (name, credential(token.clone(), "agents"), credential(token, ""))
+    })
     .collect();
     // What a trusted gateway would assert for the same caller.
-    let pairs = [("team", "billing"), ("tier", "2"), ("groups", "agents")];
+    let attribute = |name: &str, value: &str| Attribute {
+        name: name.into(),
+        values: vec![value.into()],
+    };
+    let asserted = AssertedPrincipal {
+        issuer: "agents".into(),
+        subject: "agent-7f3c9a".into(),
+        attributes: vec![
+            attribute("team", "billing"),
+            attribute("tier", "2"),
+            attribute("groups", "agents"),
+        ],
+    };
 
-    // Warm the cache (one discovery and one key-set fetch), and check that both paths agree.
-    let expected = asserted(&issuers, "agents", "agent-7f3c9a", &pairs).expect("the asserted principal");
+    // Warm the cache (one discovery and one key-set fetch), and check that every path agrees.
+    let expected = rt
+        .block_on(principal_of(
+            &directory,
+            &active,
+            &gateway,
+            Asked::Principal(&asserted),
+        ))
+        .expect("the asserted principal");
     assert_eq!(expected.attributes.len(), 3, "{expected:?}");
-    for (name, token) in &tokens {
-        let principal = rt
-            .block_on(bearer(&directory, &issuers, "agents", token, AT_MS))
-            .expect("the benchmark's tokens authenticate");
-        assert_eq!(principal, expected, "{name}");
+    for (name, hinted, found) in &tokens {
+        for credential in [hinted, found] {
+            let principal = rt.block_on(principal_of(
+                &directory,
+                &active,
+                &gateway,
+                Asked::Credential(credential),
+            ));
+            assert_eq!(principal.as_ref(), Some(&expected), "{name}");
+        }
     }
     let fetches = (
         idp.requests(oidc::Endpoint::Discovery),
@@ -258,24 +272,25 @@ fn decide_identity(c: &mut Criterion) {
     assert_eq!(fetches, (1, 1), "one fetch warms the cache");
 
     let mut group = c.benchmark_group("decide_identity");
+    let (directory, active, gateway) = (&directory, &active, &gateway);
     group.bench_function("baseline_empty_future", |b| {
         b.to_async(&rt).iter(|| async { black_box(()) })
     });
     group.bench_function("asserted", |b| {
         b.to_async(&rt).iter(|| async {
-            asserted(
-                black_box(&issuers),
-                "agents",
-                black_box("agent-7f3c9a"),
-                black_box(&pairs),
-            )
+            principal_of(directory, active, gateway, Asked::Principal(black_box(&asserted))).await
         })
     });
-    for (name, token) in &tokens {
-        let (directory, issuers) = (&directory, &issuers);
+    for (name, hinted, found) in &tokens {
         group.bench_function(format!("bearer/{name}"), |b| {
-            b.to_async(&rt)
-                .iter(|| async move { bearer(directory, issuers, "agents", black_box(token), AT_MS).await })
+            b.to_async(&rt).iter(|| async move {
+                principal_of(directory, active, gateway, Asked::Credential(black_box(hinted))).await
+            })
+        });
+        group.bench_function(format!("bearer_no_hint/{name}"), |b| {
+            b.to_async(&rt).iter(|| async move {
+                principal_of(directory, active, gateway, Asked::Credential(black_box(found))).await
+            })
         });
     }
     group.finish();
