@@ -20,9 +20,6 @@
 //!
 //! Medians are in `target/criterion/{jwt_verify,decide_identity}/*/new/estimates.json`.
 
-// Benchmarks read the clock for nothing but generate keys with the OS's randomness.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
 #[path = "../tests/support/oidc.rs"]
 #[allow(dead_code)]
 mod oidc;
@@ -33,14 +30,14 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use std::sync::Arc;
 
-use capgate::periphery::identity::jwks::{OidcDirectory, OidcSettings};
-use capgate::periphery::identity::jwt::{self, Expected, Jwks};
-use capgate::periphery::server::active::Active;
-use capgate::periphery::server::auth::Caller;
-use capgate::periphery::server::identify::{identify, Asked};
-use capgate::periphery::server::proto::{credential, AssertedPrincipal, Attribute, Credential};
-use capgate::policy::compile;
-use capgate::principals::Principal;
+use capgate::identity::jwks::{OidcDirectory, OidcSettings};
+use capgate::identity::jwt::{self, Expected, Jwks};
+use capgate::server::active::Active;
+use capgate::server::auth::Caller;
+use capgate::server::identify::{identify, Asked};
+use capgate::server::proto::{credential, AssertedPrincipal, Attribute, Credential};
+use capgate_core::policy::compile;
+use capgate_core::principals::Principal;
 use criterion::{criterion_group, criterion_main, Criterion};
 use jsonwebtoken::{Algorithm, EncodingKey};
 use rsa::pkcs1::EncodeRsaPrivateKey;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one command that checks capgate: formatting, lints (the core's purity gate among them), the
-# core's build without the periphery, and every test. It prepares what a fresh Debian machine with a
+# core built on its own, and every test of the workspace. It prepares what a fresh Debian machine with a
 # rustup toolchain lacks, and its output ends with the test runner's summary line.
 #
 #   scripts/test.sh
@@ -119,17 +119,13 @@ ensure_cargo
 ensure_component fmt rustfmt
 ensure_component clippy clippy
 
-step "cargo fmt --check"
-cargo fmt --check
+step "cargo fmt --all --check"
+cargo fmt --all --check
 
-step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets -- -D warnings
-
-step "cargo clippy --lib --no-default-features -- -D warnings"
-cargo clippy --lib --no-default-features -- -D warnings
-
-step "cargo build --lib --no-default-features"
-cargo build --lib --no-default-features
+# The core's own clippy.toml bans clocks, files, the environment, the network, processes and
+# randomness for capgate-core alone; `-D warnings` turns a use into a failure.
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
 
 ensure_postgres
 
@@ -137,15 +133,15 @@ ensure_postgres
 # would start one process per benchmark, each building its fixture again (seconds become a minute).
 # Either way, the last line printed is the test runner's summary.
 if cargo nextest --version >/dev/null 2>&1; then
-    step "cargo test --doc"
-    cargo test --doc
-    step "cargo test --benches"
-    cargo test --benches
-    step "cargo nextest run"
-    cargo nextest run
+    step "cargo test --workspace --doc"
+    cargo test --workspace --doc
+    step "cargo test --workspace --benches"
+    cargo test --workspace --benches
+    step "cargo nextest run --workspace"
+    cargo nextest run --workspace
 else
-    step "cargo test --all-targets"
-    cargo test --all-targets
-    step "cargo test --doc"
-    cargo test --doc
+    step "cargo test --workspace --all-targets"
+    cargo test --workspace --all-targets
+    step "cargo test --workspace --doc"
+    cargo test --workspace --doc
 fi

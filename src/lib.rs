@@ -1,25 +1,19 @@
-//! capgate decides, for AI agents and the MCP tools they call, who is calling,
-//! which tools they may see, which execution account a call runs as, under
-//! which rate ceiling — and why.
+//! capgate, the product: the command line, the decision service, its store, identity and
+//! telemetry, around the pure core in [`capgate_core`].
 //!
-//! The crate is a pure core of five contexts and one periphery:
+//! The rooms, each named for its job (docs/ARCHITECTURE.md has the map and its invariants):
 //!
-//! * [`principals`] — who calls? Normalising an authenticated identity.
-//! * [`capabilities`] — what can be done, with which tools? Exposed names, the catalog.
-//! * [`accounts`] — as which account? Opaque references, never secrets.
-//! * [`access`] — is it allowed, and why? The pure evaluation.
-//! * [`policy`] — what was declared? The artifact, its compiler and diagnostics.
-//! * `periphery` (feature `cli`) — everything that touches the world: the command line.
+//! * [`cli`] — the `capgate` command line, one file per subcommand.
+//! * [`server`] — the gRPC decision service (`capgate serve`).
+//! * [`store`] — the store port and its PostgreSQL and SQLite implementations.
+//! * [`identity`] — turning a caller's own credential into an issuer, subject and attributes.
+//! * [`telemetry`] — logs, traces and metrics.
 //!
-//! The core does no I/O, reads no clock and no environment; time and usage
-//! come in as data. `tests/architecture.rs` and clippy's `disallowed-methods`
-//! keep it that way.
+//! Everything here may touch the world — files, the clock, the network; the core never does and
+//! receives what it needs from here as data.
 
-pub mod access;
-pub mod accounts;
-pub mod capabilities;
-pub mod policy;
-pub mod principals;
-
-#[cfg(feature = "cli")]
-pub mod periphery;
+pub mod cli;
+pub mod identity;
+pub mod server;
+pub mod store;
+pub mod telemetry;

@@ -1,15 +1,12 @@
 //! The `capgate` binary: runs the command line and writes what it produced.
-//! All the work is in `capgate::periphery::cli`; this file is the process
+//! All the work is in `capgate::cli`; this file is the process
 //! edge — the real arguments, standard input and output, the exit code.
-
-// The process edge reads the arguments and writes the standard streams.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 
 use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use capgate::periphery::cli::{run, Exit};
+use capgate::cli::{run, Exit};
 
 fn main() -> ExitCode {
     let outcome = run(std::env::args_os(), &mut std::io::stdin().lock());

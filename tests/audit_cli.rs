@@ -6,15 +6,11 @@
 //! Also: `capgate audit` without a subcommand still queries, and the
 //! command's usage errors (exit 2, naming the flag).
 
-#![cfg(feature = "server")]
-// Tests spawn the binary, read the clock and create files.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
 mod support;
 
 use std::process::Command;
 
-use capgate::periphery::store::{AuditFilter, AuditRecord, PostgresStore, SqliteStore, Store, StoreOptions};
+use capgate::store::{AuditFilter, AuditRecord, PostgresStore, SqliteStore, Store, StoreOptions};
 use serde_json::Value;
 use support::postgres::TestDatabase;
 

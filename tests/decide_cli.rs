@@ -1,9 +1,6 @@
 //! `capgate decide` against a real `capgate serve` process (SQLite, loopback):
 //! the README's "ask the service" tour, end to end through the binary.
 
-// Tests spawn processes and use temporary directories.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

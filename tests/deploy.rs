@@ -15,9 +15,6 @@
 //! Not checked here: building the image, and applying the manifests to a real API server (no
 //! engine, no cluster). Those are read, not run; docs/operations.md says so.
 
-// This test reads files and runs the binary, kubectl and systemd-analyze.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -7,18 +7,16 @@
 //! server with OTLP export to a real receiver (tests/support/otlp.rs) and
 //! Prometheus text on.
 
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
 mod support;
 
 use std::time::{Duration, Instant};
 
-use capgate::periphery::server::proto::decision_service_client::DecisionServiceClient;
-use capgate::periphery::server::proto::{
+use capgate::server::proto::decision_service_client::DecisionServiceClient;
+use capgate::server::proto::{
     credential, decide_request, decide_response, list_visible_request, list_visible_response, AuthProblem,
     Credential, DecideRequest, DecideResponse, ListVisibleRequest, Outcome, ReasonCode,
 };
-use capgate::periphery::store::{AuditFilter, AuditRecord, SqliteStore, Store, StoreOptions};
+use capgate::store::{AuditFilter, AuditRecord, SqliteStore, Store, StoreOptions};
 use serde_json::{json, Value};
 use support::client::principal;
 use support::oidc::{Behaviour, Endpoint, KeyType, OidcProvider, AUDIENCE};

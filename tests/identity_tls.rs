@@ -3,13 +3,11 @@
 //! cannot be fetched and a bearer token is answered UNAVAILABLE (fail
 //! closed), never allowed.
 
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
 mod support;
 
 use base64::Engine as _;
-use capgate::periphery::server::proto::decision_service_client::DecisionServiceClient;
-use capgate::periphery::server::proto::{
+use capgate::server::proto::decision_service_client::DecisionServiceClient;
+use capgate::server::proto::{
     credential, decide_request, decide_response, Credential, DecideRequest, Outcome,
 };
 use support::oidc::{KeyType, OidcProvider, AUDIENCE};

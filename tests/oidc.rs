@@ -6,17 +6,14 @@
 //! Every check here was seen to fail once, by a deliberate sabotage of the code it guards (listed in
 //! the report of issue 4; each test's comment names its sabotage).
 
-// These tests measure elapsed time and run servers: the opt-out the periphery uses (see clippy.toml).
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
 mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use capgate::periphery::identity::jwks::{KeysError, OidcDirectory, OidcSettings};
-use capgate::periphery::identity::jwt::{self, Expected, JwtError, Verified};
-use capgate::principals::AuthProblem;
+use capgate::identity::jwks::{KeysError, OidcDirectory, OidcSettings};
+use capgate::identity::jwt::{self, Expected, JwtError, Verified};
+use capgate_core::principals::AuthProblem;
 use jsonwebtoken::Algorithm;
 use serde_json::json;
 

@@ -12,20 +12,16 @@
 //! Needs `DATABASE_URL` (skipped without it, unless
 //! `CAPGATE_REQUIRE_POSTGRES=1`).
 
-#![cfg(feature = "server")]
-// Tests read the environment and the clock, and read files.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
 mod support;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use capgate::periphery::server::proto::decision_service_client::DecisionServiceClient;
-use capgate::periphery::server::proto::{DecideRequest, DecideResponse, Outcome, ReasonCode};
-use capgate::periphery::server::{self, Config, Running};
-use capgate::periphery::store::{AuditFilter, PostgresStore, Store, StoreOptions};
+use capgate::server::proto::decision_service_client::DecisionServiceClient;
+use capgate::server::proto::{DecideRequest, DecideResponse, Outcome, ReasonCode};
+use capgate::server::{self, Config, Running};
+use capgate::store::{AuditFilter, PostgresStore, Store, StoreOptions};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 

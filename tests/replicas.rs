@@ -11,18 +11,14 @@
 //! Needs `DATABASE_URL` (skipped without it, unless
 //! `CAPGATE_REQUIRE_POSTGRES=1`).
 
-#![cfg(feature = "server")]
-// Tests read the environment and the clock, and spawn the binary.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
 mod support;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use capgate::periphery::server::proto::decision_service_client::DecisionServiceClient;
-use capgate::periphery::server::proto::{DecideRequest, DecideResponse, ReasonCode};
-use capgate::periphery::store::{AuditFilter, CounterKey, Store};
+use capgate::server::proto::decision_service_client::DecisionServiceClient;
+use capgate::server::proto::{DecideRequest, DecideResponse, ReasonCode};
+use capgate::store::{AuditFilter, CounterKey, Store};
 use tonic::transport::Channel;
 
 use support::client::{

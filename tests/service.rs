@@ -11,9 +11,6 @@
 //! `CAPGATE_REQUIRE_POSTGRES=1`). The rest do not depend on the store and
 //! run on SQLite only.
 
-// Tests read fixtures and the clock.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
 mod support;
 
 use std::collections::BTreeMap;
@@ -22,16 +19,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use capgate::periphery::server::proto::decision_service_client::DecisionServiceClient;
-use capgate::periphery::server::proto::policy_service_client::PolicyServiceClient;
-use capgate::periphery::server::proto::{
+use capgate::server::proto::decision_service_client::DecisionServiceClient;
+use capgate::server::proto::policy_service_client::PolicyServiceClient;
+use capgate::server::proto::{
     decide_response, list_visible_request, list_visible_response, transport, ActivatePolicyRequest,
     AssertedPrincipal, Attribute, AuthProblem, DecideRequest, DecideResponse, GetActivePolicyRequest,
     ListPolicyVersionsRequest, ListVisibleRequest, Outcome, PublishPolicyRequest, PublishPolicyResponse,
     ReasonCode,
 };
-use capgate::periphery::server::{self, Config, ConfigError, PolicyFile, Running, StartError, Token};
-use capgate::periphery::store::{
+use capgate::server::{self, Config, ConfigError, PolicyFile, Running, StartError, Token};
+use capgate::store::{
     self, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Consumed, Counted, CounterKey,
     ExpectedRevision, NewPolicy, PostgresStore, PrunedPeriod, PublishOutcome, Remembered, SqliteStore, Store,
     StoreError, StoreOptions, StoreResult, StoredPolicy,
@@ -521,7 +518,7 @@ async fn publish_dry_run_identical_conflict_list_and_rollback(kind: Kind) {
         .into_inner();
     assert_eq!(second.revision, 2);
     // Three representatives hold `dept: support`: plain, intern, senior.
-    let calls = |side: &Option<capgate::periphery::server::proto::DecisionSummary>| {
+    let calls = |side: &Option<capgate::server::proto::DecisionSummary>| {
         side.as_ref().and_then(|s| s.limits.as_ref()).map(|l| l.calls)
     };
     let shape: Vec<_> = second
@@ -1688,19 +1685,19 @@ async fn stopping_finishes_in_flight_calls_and_flushes_the_audit(kind: Kind) {
 
 /// Runs `capgate ARGS` in this process, on a thread of its own (the service
 /// commands start their own runtime).
-fn capgate(args: &[&str]) -> capgate::periphery::cli::Outcome {
+fn capgate(args: &[&str]) -> capgate::cli::Outcome {
     let args: Vec<String> = std::iter::once("capgate")
         .chain(args.iter().copied())
         .map(str::to_owned)
         .collect();
-    std::thread::spawn(move || capgate::periphery::cli::run(args, &mut std::io::empty()))
+    std::thread::spawn(move || capgate::cli::run(args, &mut std::io::empty()))
         .join()
         .expect("the command does not panic")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_line_publishes_lists_activates_and_reads_the_audit() {
-    use capgate::periphery::cli::Exit;
+    use capgate::cli::Exit;
 
     let harness = Harness::start(Kind::Sqlite, |_| {}).await;
     let server = format!("http://{}", harness.running.as_ref().unwrap().addrs[0]);

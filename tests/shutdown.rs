@@ -7,10 +7,6 @@
 //! Run on PostgreSQL (skipped without `DATABASE_URL`, unless
 //! `CAPGATE_REQUIRE_POSTGRES=1`) and on SQLite.
 
-#![cfg(feature = "server")]
-// Tests read the environment and the clock, write files, and spawn the binary.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
 mod support;
 
 use std::collections::BTreeSet;
@@ -18,8 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use capgate::periphery::server::proto::decision_service_client::DecisionServiceClient;
-use capgate::periphery::store::{AuditFilter, AuditRecord, SqliteStore, Store, StoreOptions};
+use capgate::server::proto::decision_service_client::DecisionServiceClient;
+use capgate::store::{AuditFilter, AuditRecord, SqliteStore, Store, StoreOptions};
 
 use support::client::{capped, connect, uncapped, wait_serving, CATALOG, POLICY};
 use support::postgres::TestDatabase;

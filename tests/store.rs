@@ -17,18 +17,14 @@
 //! process would. A few tests at the end are specific to one dialect
 //! (notifications, the journal mode, URL handling).
 
-#![cfg(feature = "server")]
-// Tests read the environment and the clock, and create and remove files.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
 mod support;
 
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use capgate::periphery::store::retention::{self, Period};
-use capgate::periphery::store::{
+use capgate::store::retention::{self, Period};
+use capgate::store::{
     connect, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Consumed, Counted, CounterKey, NewPolicy,
     PostgresStore, PrunedPeriod, PublishOutcome, Remembered, SqliteStore, Store, StoreOptions, StoredPolicy,
 };
@@ -1369,7 +1365,7 @@ where
         let store = PostgresStore::connect_with(database.options.clone(), &StoreOptions::default()).await?;
         store.migrate().await?;
         let replica = PostgresStore::connect_with(database.options.clone(), &StoreOptions::default()).await?;
-        Ok::<_, capgate::periphery::store::StoreError>((store, replica))
+        Ok::<_, capgate::store::StoreError>((store, replica))
     }
     .await;
     let outcome = match opened {

@@ -15,9 +15,6 @@
 //! * [`log_lines_are_human_by_default_and_json_on_request`], [`unusable_telemetry_flags_are_usage_errors`],
 //!   [`an_https_collector_is_reached_with_the_given_ca`].
 
-// Tests read fixtures and the clock, spawn processes and write files.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
 mod support;
 
 use std::collections::BTreeSet;
@@ -25,8 +22,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use capgate::periphery::server::proto::decision_service_client::DecisionServiceClient;
-use capgate::periphery::server::proto::{
+use capgate::server::proto::decision_service_client::DecisionServiceClient;
+use capgate::server::proto::{
     list_visible_request, list_visible_response, DecideRequest, DecideResponse, ListVisibleRequest,
     ListVisibleResponse,
 };
@@ -100,7 +97,7 @@ async fn decide(channel: &Channel, request: DecideRequest) -> DecideResponse {
         .into_inner()
 }
 
-fn list_request(who: capgate::periphery::server::proto::AssertedPrincipal) -> ListVisibleRequest {
+fn list_request(who: capgate::server::proto::AssertedPrincipal) -> ListVisibleRequest {
     ListVisibleRequest {
         caller: Some(list_visible_request::Caller::Principal(who)),
         request_id: String::new(),

@@ -4,18 +4,14 @@
 //! a CA that signs the server's certificate and a client's, and another CA
 //! that nobody trusts.
 
-#![cfg(feature = "server")]
-// Tests read the clock, write files, and spawn the binary.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
 mod support;
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use capgate::periphery::server::proto::decision_service_client::DecisionServiceClient;
-use capgate::periphery::server::proto::ReasonCode;
+use capgate::server::proto::decision_service_client::DecisionServiceClient;
+use capgate::server::proto::ReasonCode;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose,

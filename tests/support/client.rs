@@ -5,8 +5,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use capgate::periphery::server::proto::policy_service_client::PolicyServiceClient;
-use capgate::periphery::server::proto::{
+use capgate::server::proto::policy_service_client::PolicyServiceClient;
+use capgate::server::proto::{
     decide_request, decide_response, AssertedPrincipal, Attribute, DecideRequest, DecideResponse, Decision,
     Outcome, PublishPolicyRequest, PublishPolicyResponse, ReasonCode,
 };

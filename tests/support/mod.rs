@@ -8,9 +8,6 @@
 //! the whole module and uses part of it, so unused items are expected here.
 
 #![allow(dead_code)]
-// Tests read the environment and the clock, spawn processes, and create files.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
 pub mod client;
 pub mod oidc;
 pub mod otlp;

@@ -9,7 +9,7 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::str::FromStr;
 
-use capgate::periphery::store::{PostgresStore, Store, StoreOptions};
+use capgate::store::{PostgresStore, Store, StoreOptions};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
 

@@ -1,0 +1,203 @@
+//! Benchmarks of the decision path and the compiler on generated policies
+//! (see `benches/support`): one decision (indexed and, as the baseline, the
+//! linear scan), a listing, and compiling end to end with its parse and
+//! schema stages on their own. `docs/benchmarks.md` has the figures and how
+//! to reproduce them.
+
+mod support;
+
+use std::hint::black_box;
+
+use capgate_core::access::{evaluate, evaluate_linear, visible, Decision, ReasonCode, Ruleset, Usage};
+use capgate_core::policy::{compile, schema, Document, Severity};
+use capgate_core::principals::Principal;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+
+use support::Generated;
+
+/// Grant counts the decision and listing benchmarks run at.
+const SIZES: [usize; 2] = [1_000, 10_000];
+/// An arbitrary fixed instant (ms since the epoch); only ceilings read it.
+const AT: i64 = 1_760_000_000_000;
+/// A counter read with one call so far in a window that just opened.
+const USAGE: Usage = Usage::Counted {
+    calls: 1,
+    window_start: AT,
+};
+
+/// A compiled generated policy and the inputs its benchmarks use.
+struct Fixture {
+    grants: usize,
+    ruleset: Ruleset,
+    principal: Principal,
+    /// A capability `principal` is granted (the decision allows).
+    allowed: String,
+    /// A capability no grant gives `principal`, chosen among those with the
+    /// most grants of its issuer, so that both paths do the most work.
+    denied: String,
+}
+
+fn fixture(grants: usize) -> Fixture {
+    let generated = support::generate(grants);
+    let compilation = compile(generated.text.as_bytes(), None);
+    let errors: Vec<_> = compilation
+        .diagnostics
+        .iter()
+        .filter(|d| d.severity == Severity::Error)
+        .map(|d| format!("{} {}", d.code.as_str(), d.path))
+        .collect();
+    assert!(errors.is_empty(), "the generated policy must compile: {errors:?}");
+    let ruleset = compilation.policy.expect("no errors, so a policy").ruleset;
+
+    let (principal, allowed) = allowed_case(&generated, &ruleset);
+    let denied = denied_case(&ruleset, &principal);
+    let candidates = |capability: &str| {
+        ruleset
+            .grants()
+            .iter()
+            .filter(|g| g.issuer == principal.issuer && g.names(capability))
+            .count()
+    };
+    eprintln!(
+        "fixture {grants}: {} bytes, {} diagnostics; principal {} {:?}; allow `{allowed}` ({} grants of the issuer name it), deny `{denied}` ({})",
+        generated.text.len(),
+        compilation.diagnostics.len(),
+        principal.id,
+        principal.attributes,
+        candidates(&allowed),
+        candidates(&denied),
+    );
+    Fixture {
+        grants,
+        ruleset,
+        principal,
+        allowed,
+        denied,
+    }
+}
+
+/// From the middle grant onwards, the first whose principal is allowed its
+/// first capability (skipping disabled accounts and suspended ceilings).
+fn allowed_case(generated: &Generated, ruleset: &Ruleset) -> (Principal, String) {
+    let middle = generated.grants.len() / 2;
+    for (index, grant) in generated.grants.iter().enumerate().skip(middle) {
+        let issuer = &generated.issuers[grant.issuer].id;
+        let attributes = support::principal_attributes(&generated.issuers, grant, index);
+        let principal = Principal::new(issuer, &format!("user-{index}"), attributes);
+        let capability = &grant.capabilities[0];
+        let decision = evaluate_linear(ruleset, &principal, capability, AT, USAGE);
+        if decision.is_allow() {
+            assert_eq!(decision, evaluate(ruleset, &principal, capability, AT, USAGE));
+            return (principal, capability.clone());
+        }
+    }
+    panic!("no allowed case in the generated policy");
+}
+
+fn denied_case(ruleset: &Ruleset, principal: &Principal) -> String {
+    let mut best: Option<(usize, &str)> = None;
+    for capability in ruleset.capabilities() {
+        let decision = evaluate_linear(ruleset, principal, &capability.id, AT, USAGE);
+        if decision.reason().code != ReasonCode::NoGrantMatches {
+            continue;
+        }
+        assert_eq!(decision, evaluate(ruleset, principal, &capability.id, AT, USAGE));
+        let candidates = ruleset
+            .grants()
+            .iter()
+            .filter(|g| g.issuer == principal.issuer && g.names(&capability.id))
+            .count();
+        if best.is_none_or(|(most, _)| candidates > most) {
+            best = Some((candidates, &capability.id));
+        }
+    }
+    best.expect("some capability is denied").1.to_owned()
+}
+
+/// The listing through the linear scan: `visible`'s baseline.
+fn visible_linear<'a>(ruleset: &'a Ruleset, principal: &Principal) -> Vec<&'a str> {
+    ruleset
+        .capabilities()
+        .iter()
+        .filter(|c| {
+            matches!(
+                evaluate_linear(ruleset, principal, &c.id, AT, Usage::NotConsulted),
+                Decision::Allow(_)
+            )
+        })
+        .map(|c| c.id.as_str())
+        .collect()
+}
+
+fn decisions_and_listings(c: &mut Criterion) {
+    let fixtures: Vec<Fixture> = SIZES.iter().map(|&n| fixture(n)).collect();
+
+    for f in &fixtures {
+        let mut group = c.benchmark_group(format!("decision/{}", f.grants));
+        let cases = [("allow", f.allowed.as_str()), ("deny", f.denied.as_str())];
+        for (case, capability) in cases {
+            group.bench_function(BenchmarkId::new("indexed", case), |b| {
+                b.iter(|| {
+                    evaluate(
+                        &f.ruleset,
+                        black_box(&f.principal),
+                        black_box(capability),
+                        AT,
+                        USAGE,
+                    )
+                })
+            });
+            group.bench_function(BenchmarkId::new("linear", case), |b| {
+                b.iter(|| {
+                    evaluate_linear(
+                        &f.ruleset,
+                        black_box(&f.principal),
+                        black_box(capability),
+                        AT,
+                        USAGE,
+                    )
+                })
+            });
+        }
+        group.finish();
+    }
+
+    for f in &fixtures {
+        let visible_ids: Vec<&str> = visible(&f.ruleset, &f.principal, AT)
+            .iter()
+            .map(|v| v.capability.id.as_str())
+            .collect();
+        assert_eq!(visible_ids, visible_linear(&f.ruleset, &f.principal));
+        eprintln!("listing {}: {} capabilities visible", f.grants, visible_ids.len());
+        let mut group = c.benchmark_group(format!("listing/{}", f.grants));
+        group.bench_function("indexed", |b| {
+            b.iter(|| visible(&f.ruleset, black_box(&f.principal), AT))
+        });
+        group.bench_function("linear", |b| {
+            b.iter(|| visible_linear(&f.ruleset, black_box(&f.principal)))
+        });
+        group.finish();
+    }
+}
+
+fn compiling(c: &mut Criterion) {
+    for grants in SIZES {
+        let text = support::generate(grants).text;
+        let mut group = c.benchmark_group(format!("compile/{grants}"));
+        // A 10k-grant compile takes a good fraction of a second on a busy
+        // machine: ten samples are criterion's minimum and enough here.
+        group.sample_size(10);
+        group.bench_function("end_to_end", |b| {
+            b.iter(|| compile(black_box(text.as_bytes()), None))
+        });
+        group.bench_function("parse", |b| {
+            b.iter(|| Document::parse(black_box(&text)).map(|d| d.root().is_some()))
+        });
+        let document = Document::parse(&text).expect("generated YAML parses");
+        group.bench_function("schema", |b| b.iter(|| schema::validate(black_box(&document))));
+        group.finish();
+    }
+}
+
+criterion_group!(benches, decisions_and_listings, compiling);
+criterion_main!(benches);

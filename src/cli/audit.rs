@@ -1,0 +1,167 @@
+//! `capgate audit [--principal P] [--capability C] [--outcome O] [--code X]
+//! [--since T] [--until T] [--limit N] [--json]`: the audit trail, newest
+//! first, read from the store directly (`--database-url`). `--since` is
+//! inclusive, `--until` exclusive; both take RFC 3339 instants as `explain
+//! --at` does. `--json` prints an array of records with the table's columns.
+//!
+//! `capgate audit prune --before T` removes whole months of it (`prune.rs`);
+//! the filters belong to the query and cannot be combined with it.
+
+pub mod prune;
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+use crate::server::audit::record_json;
+use crate::store::{AnyStore, AuditFilter, AuditRecord, Store};
+
+use super::args::parse_instant;
+use super::remote::{runtime, Database};
+use super::{instant, Exit, Failure, Outcome};
+
+#[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub query: Query,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Drop the audit records of every whole month before an instant.
+    Prune(prune::Args),
+}
+
+/// The filters of a query (`capgate audit` without a subcommand).
+#[derive(Debug, clap::Args)]
+pub struct Query {
+    /// Only this principal (`issuer:subject`).
+    #[arg(long, value_name = "P")]
+    pub principal: Option<String>,
+    /// Only this capability.
+    #[arg(long, value_name = "C")]
+    pub capability: Option<String>,
+    /// Only this outcome.
+    #[arg(long, value_name = "O", value_parser = ["allow", "deny", "unauthenticated", "unknown_tool"])]
+    pub outcome: Option<String>,
+    /// Only this reason or problem code (`limit_exhausted`, `issuer_unknown`, …).
+    #[arg(long, value_name = "X")]
+    pub code: Option<String>,
+    /// From this instant on (inclusive).
+    #[arg(long, value_name = "T", value_parser = parse_instant)]
+    pub since: Option<i64>,
+    /// Before this instant (exclusive).
+    #[arg(long, value_name = "T", value_parser = parse_instant)]
+    pub until: Option<i64>,
+    /// At most this many records.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub limit: u32,
+    /// Print a JSON array instead of one line per record.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub database: Database,
+}
+
+pub fn run(args: &Args) -> Result<Outcome, Failure> {
+    match &args.command {
+        Some(Command::Prune(prune)) => prune::run(prune),
+        None => query(&args.query),
+    }
+}
+
+fn query(args: &Query) -> Result<Outcome, Failure> {
+    let filter = AuditFilter {
+        principal_id: args.principal.clone(),
+        capability: args.capability.clone(),
+        outcome: args.outcome.clone(),
+        code: args.code.clone(),
+        since_ms: args.since,
+        until_ms: args.until,
+        limit: args.limit,
+    };
+    let records = runtime()?.block_on(async {
+        let found = match args.database.open().await? {
+            AnyStore::Postgres(store) => store.query_audit(&filter).await,
+            AnyStore::Sqlite(store) => store.query_audit(&filter).await,
+        };
+        found.map_err(|error| Failure::Input(error.to_string()))
+    })?;
+    let stdout = if args.json {
+        super::to_json(&Value::Array(records.iter().map(record_json).collect()))
+    } else {
+        human(&records)
+    };
+    Ok(Outcome::stdout(stdout, Exit::Done))
+}
+
+fn human(records: &[AuditRecord]) -> String {
+    let mut out = String::new();
+    if records.is_empty() {
+        let _ = writeln!(out, "no audit record matches");
+        return out;
+    }
+    for record in records {
+        let AuditRecord {
+            decision_id,
+            at_ms,
+            request_id,
+            gateway,
+            kind,
+            outcome,
+            code,
+            path,
+            principal_id,
+            issuer,
+            subject,
+            capability,
+            tool,
+            account_id,
+            limit_calls,
+            limit_per,
+            usage_calls,
+            policy_version: _,
+            policy_revision,
+        } = record;
+        let who = principal_id.clone().unwrap_or_else(|| {
+            format!(
+                "{}:{}",
+                issuer.as_deref().unwrap_or("?"),
+                subject.as_deref().unwrap_or("?")
+            )
+        });
+        let mut line = format!(
+            "{}  {kind:6}  {outcome:15}  {:24}  {who}  {}",
+            instant::format(*at_ms),
+            code.as_deref().unwrap_or("-"),
+            capability.as_deref().unwrap_or("-"),
+        );
+        if let Some(tool) = tool {
+            let _ = write!(line, "  tool={tool}");
+        }
+        if let Some(account) = account_id {
+            let _ = write!(line, "  account={account}");
+        }
+        if let (Some(calls), Some(per)) = (limit_calls, limit_per) {
+            let _ = write!(line, "  limit={calls}/{per}");
+        }
+        if let Some(used) = usage_calls {
+            let _ = write!(line, "  used={used}");
+        }
+        if let Some(path) = path {
+            let _ = write!(line, "  at={path}");
+        }
+        if let Some(revision) = policy_revision {
+            let _ = write!(line, "  rev={revision}");
+        }
+        let _ = write!(line, "  gateway={gateway}");
+        if let Some(request) = request_id {
+            let _ = write!(line, "  request={request}");
+        }
+        let _ = writeln!(out, "{line}  id={decision_id}");
+    }
+    out
+}

@@ -1,0 +1,268 @@
+//! `capgate explain`: the decision for one principal and one capability (or
+//! one exposed tool name, resolved through the catalog as the service does),
+//! with its reason and the site in the artifact to change.
+//!
+//! `--at`, `--usage` and `--window-start` make time and usage explicit data,
+//! exactly as the service hands them to the pure evaluation.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use serde_json::{json, Value};
+
+use capgate_core::access::{evaluate, Decision, Instant, Usage};
+use capgate_core::capabilities::ToolDescriptor;
+use capgate_core::policy::{CompiledPolicy, Document};
+use capgate_core::principals::{AuthProblem, Resolution};
+
+use super::args::{parse_instant, parse_usage, Asserted, Common, LocalKeys, UsageArg};
+use super::input::{Inputs, Loaded};
+use super::{instant, json, render, validate, Exit, Failure, Outcome};
+
+#[derive(Debug, clap::Args)]
+#[command(group = clap::ArgGroup::new("asked").required(true).args(["capability", "tool"]))]
+pub struct Args {
+    /// The policy artifact (`-` reads standard input).
+    #[arg(value_name = "POLICY")]
+    pub policy: PathBuf,
+    #[command(flatten)]
+    pub principal: Asserted,
+    #[command(flatten)]
+    pub keys: LocalKeys,
+    /// The capability id to decide on.
+    #[arg(long, value_name = "C")]
+    pub capability: Option<String>,
+    /// An exposed tool name (`<upstream>__<name>`), resolved through the catalog.
+    #[arg(long, value_name = "EXPOSED")]
+    pub tool: Option<String>,
+    /// The instant of the call, RFC 3339 (default: now).
+    #[arg(long, value_name = "T", value_parser = parse_instant)]
+    pub at: Option<Instant>,
+    /// Usage for the ceiling check: a call count, `unknown` or `none` (default: 0).
+    #[arg(long, value_name = "N|unknown|none", value_parser = parse_usage, allow_negative_numbers = true)]
+    pub usage: Option<UsageArg>,
+    /// With a counted usage, when the counted window opened (default: `--at`).
+    #[arg(long, value_name = "T", value_parser = parse_instant)]
+    pub window_start: Option<Instant>,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+impl Args {
+    /// The usage state to evaluate with; `--window-start` needs a counted usage.
+    fn usage(&self, at: Instant) -> Result<Usage, Failure> {
+        match (self.usage.unwrap_or(UsageArg::Counted(0)), self.window_start) {
+            (UsageArg::Counted(calls), window_start) => Ok(Usage::Counted {
+                calls,
+                window_start: window_start.unwrap_or(at),
+            }),
+            (UsageArg::Unknown | UsageArg::NotConsulted, Some(_)) => Err(Failure::Usage(
+                "`--window-start` needs a counted usage, not `--usage unknown` or `--usage none`".to_owned(),
+            )),
+            (UsageArg::Unknown, None) => Ok(Usage::Unknown),
+            (UsageArg::NotConsulted, None) => Ok(Usage::NotConsulted),
+        }
+    }
+}
+
+/// Everything `explain` found, before it is printed. Borrows from the
+/// arguments and the policy, which both outlive it.
+struct Explanation<'a> {
+    at: Instant,
+    usage: Usage,
+    resolution: Result<Resolution, AuthProblem>,
+    capability: Option<&'a str>,
+    /// `--tool` as given, whether or not it resolved.
+    asked_tool: Option<&'a str>,
+    tool: Option<&'a ToolDescriptor>,
+    unknown_tool: bool,
+    decision: Option<Decision<'a>>,
+    tools: Vec<&'a ToolDescriptor>,
+}
+
+pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
+    let at = args.at.unwrap_or_else(instant::now);
+    let usage = args.usage(at)?;
+    let source = inputs.policy(&args.policy)?;
+    let catalog = inputs.catalog(args.common.catalog.as_deref())?;
+    let loaded = Loaded::compile(source, catalog.as_ref());
+    let Some(policy) = &loaded.compilation.policy else {
+        return Ok(Outcome::stdout(
+            validate::report(&loaded, args.common.json),
+            Exit::Findings,
+        ));
+    };
+    let resolution = args.principal.resolve(policy, at, &args.keys)?;
+    let explanation = explain(args, policy, at, usage, resolution);
+    let document = loaded.compilation.document.as_ref();
+    let stdout = if args.common.json {
+        super::to_json(&to_json(&loaded, document, &explanation))
+    } else {
+        human(&loaded, document, &explanation)
+    };
+    Ok(Outcome::stdout(stdout, Exit::Done))
+}
+
+fn explain<'a>(
+    args: &'a Args,
+    policy: &'a CompiledPolicy,
+    at: Instant,
+    usage: Usage,
+    resolution: Result<Resolution, AuthProblem>,
+) -> Explanation<'a> {
+    let asked_tool = args.tool.as_deref();
+    let (capability, tool) = match (args.capability.as_deref(), asked_tool) {
+        (Some(capability), _) => (Some(capability), None),
+        (None, Some(exposed)) => match policy.tools.resolve(exposed) {
+            Some(tool) => (Some(tool.capability.as_str()), Some(tool)),
+            None => (None, None),
+        },
+        // clap's required group makes this unreachable; answering "nothing
+        // asked" is still better than a panic.
+        (None, None) => (None, None),
+    };
+    let unknown_tool = asked_tool.is_some() && tool.is_none() && args.capability.is_none();
+    let decision = match (&resolution, capability) {
+        (Ok(resolution), Some(capability)) => Some(evaluate(
+            &policy.ruleset,
+            &resolution.principal,
+            capability,
+            at,
+            usage,
+        )),
+        _ => None,
+    };
+    let tools = match (&decision, capability) {
+        (Some(Decision::Allow(_)), Some(capability)) => policy
+            .tools
+            .realizing(move |realized| realized == capability)
+            .collect(),
+        _ => Vec::new(),
+    };
+    Explanation {
+        at,
+        usage,
+        resolution,
+        capability,
+        asked_tool,
+        tool,
+        unknown_tool,
+        decision,
+        tools,
+    }
+}
+
+fn to_json(loaded: &Loaded, document: Option<&Document>, explanation: &Explanation<'_>) -> Value {
+    let Explanation {
+        at,
+        usage,
+        resolution,
+        capability,
+        asked_tool: _,
+        tool,
+        unknown_tool,
+        decision,
+        tools,
+    } = explanation;
+    let (principal, discarded, problem) = match resolution {
+        Ok(Resolution { principal, discarded }) => (json::principal(principal), json!(discarded), None),
+        Err(problem) => (Value::Null, json!([]), Some(*problem)),
+    };
+    json!({
+        "policy": json::policy(&loaded.source, &loaded.compilation.version),
+        "at": instant::format(*at),
+        "usage": json::usage(*usage),
+        "principal": principal,
+        "discarded": discarded,
+        "problem": json::problem(problem),
+        "capability": capability,
+        "tool": tool.map_or(Value::Null, json::tool_ref),
+        "unknown_tool": unknown_tool,
+        "decision": decision.as_ref().map_or(Value::Null, |decision| json::decision(decision, document)),
+        "tools": tools.iter().map(|tool| json::tool_ref(tool)).collect::<Vec<_>>(),
+    })
+}
+
+fn human(loaded: &Loaded, document: Option<&Document>, explanation: &Explanation<'_>) -> String {
+    let mut out = String::new();
+    let origin = &loaded.source.origin;
+    let Explanation {
+        at,
+        usage,
+        resolution,
+        capability,
+        asked_tool,
+        tool,
+        unknown_tool,
+        decision,
+        tools,
+    } = explanation;
+    render::principal(
+        &mut out,
+        resolution
+            .as_ref()
+            .map(|resolution| (&resolution.principal, resolution.discarded.as_slice()))
+            .map_err(|problem| *problem),
+    );
+    match (tool, capability) {
+        (Some(tool), Some(capability)) => {
+            let _ = writeln!(out, "tool       {} (realises {capability})", tool.exposed_name);
+        }
+        (None, Some(capability)) => {
+            let _ = writeln!(out, "capability {capability}");
+        }
+        _ => {}
+    }
+    let _ = writeln!(out, "at         {}", instant::format(*at));
+    let _ = writeln!(out, "usage      {}", usage_text(*usage));
+    out.push('\n');
+    if *unknown_tool {
+        let _ = writeln!(out, "UNKNOWN TOOL");
+        let _ = writeln!(
+            out,
+            "  `{}` is not a mapped tool of the catalog: no decision is made",
+            asked_tool.unwrap_or_default()
+        );
+        return out;
+    }
+    let Some(decision) = decision else {
+        let _ = writeln!(out, "no decision: the principal did not resolve");
+        return out;
+    };
+    let reason = decision.reason();
+    let _ = writeln!(out, "{}", if decision.is_allow() { "ALLOWED" } else { "DENIED" });
+    let _ = writeln!(
+        out,
+        "  reason    {} — {}",
+        reason.code.as_str(),
+        reason.code.describe()
+    );
+    let _ = writeln!(out, "  subject   {}", reason.subject);
+    let position = document.and_then(|document| document.resolve(reason.path));
+    let _ = writeln!(out, "  site      {}", render::site(origin, position, reason.path));
+    if let Decision::Allow(allow) = decision {
+        let _ = writeln!(out, "  account   {}", allow.account.id);
+        let _ = writeln!(out, "  ceiling   {}", render::ceiling(allow.limits));
+        let names: Vec<&str> = tools.iter().map(|tool| tool.exposed_name.as_str()).collect();
+        if names.is_empty() {
+            let _ = writeln!(out, "  tools     none");
+        } else {
+            let _ = writeln!(out, "  tools     {}", names.join(", "));
+        }
+    }
+    out
+}
+
+fn usage_text(usage: Usage) -> String {
+    match usage {
+        Usage::Counted {
+            calls: 1,
+            window_start,
+        } => format!("1 call counted since {}", instant::format(window_start)),
+        Usage::Counted { calls, window_start } => {
+            format!("{calls} calls counted since {}", instant::format(window_start))
+        }
+        Usage::Unknown => "unknown (the counter store failed)".to_owned(),
+        Usage::NotConsulted => "not consulted (ceilings are not evaluated)".to_owned(),
+    }
+}

@@ -1,0 +1,108 @@
+//! `capgate policies list|activate`: the stored versions, and rolling back
+//! (or forward) to one of them, through the server (`--server URL`, an admin
+//! token). `activate` prints the effective diff it caused.
+
+use std::fmt::Write as _;
+
+use crate::server::convert;
+use crate::server::proto::policy_service_client::PolicyServiceClient;
+use crate::server::proto::{
+    ActivatePolicyRequest, ActivatePolicyResponse, ListPolicyVersionsRequest, PolicyVersion,
+};
+
+use super::remote::{runtime, status_failure, Server};
+use super::{instant, publish, Exit, Failure, Outcome};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// The stored versions, newest first; `*` marks the active one.
+    List {
+        /// At most this many.
+        #[arg(long, value_name = "N", default_value_t = 20)]
+        limit: u32,
+        #[command(flatten)]
+        server: Server,
+    },
+    /// Make a stored revision active again (a rollback).
+    Activate {
+        /// The revision to activate.
+        #[arg(value_name = "REV")]
+        revision: u64,
+        /// Only if this is still the active revision.
+        #[arg(long, value_name = "N")]
+        expected_revision: Option<u64>,
+        #[command(flatten)]
+        server: Server,
+    },
+}
+
+pub fn run(args: &Args) -> Result<Outcome, Failure> {
+    match &args.command {
+        Command::List { limit, server } => list(*limit, server),
+        Command::Activate {
+            revision,
+            expected_revision,
+            server,
+        } => activate(*revision, *expected_revision, server),
+    }
+}
+
+fn list(limit: u32, server: &Server) -> Result<Outcome, Failure> {
+    let versions = runtime()?.block_on(async {
+        let connection = server.connect().await?;
+        let mut client = PolicyServiceClient::new(connection.channel.clone());
+        client
+            .list_policy_versions(connection.request(ListPolicyVersionsRequest { limit }))
+            .await
+            .map(|response| response.into_inner().versions)
+            .map_err(|status| status_failure(&status))
+    })?;
+    let mut out = String::new();
+    if versions.is_empty() {
+        let _ = writeln!(out, "no policy version is stored");
+    }
+    for version in &versions {
+        let PolicyVersion {
+            revision,
+            version,
+            author,
+            comment,
+            created_at,
+            active,
+        } = version;
+        let created = created_at
+            .as_ref()
+            .map_or_else(String::new, |at| instant::format(convert::millis(at)));
+        let mark = if *active { "*" } else { " " };
+        let line = format!("{mark} {revision:>5}  {created:24}  {version}  {author}  {comment}");
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+    Ok(Outcome::stdout(out, Exit::Done))
+}
+
+fn activate(revision: u64, expected: Option<u64>, server: &Server) -> Result<Outcome, Failure> {
+    let response = runtime()?.block_on(async {
+        let connection = server.connect().await?;
+        let mut client = PolicyServiceClient::new(connection.channel.clone());
+        client
+            .activate_policy(connection.request(ActivatePolicyRequest {
+                revision,
+                expected_active_revision: expected,
+            }))
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|status| status_failure(&status))
+    })?;
+    let ActivatePolicyResponse { version, changes } = response;
+    let mut out = String::new();
+    let label = version.as_ref().map_or("", |version| version.version.as_str());
+    let _ = writeln!(out, "activated: revision {revision} ({label}) is active\n");
+    out.push_str(&publish::render_changes(&changes));
+    Ok(Outcome::stdout(out, Exit::Done))
+}

@@ -1,0 +1,256 @@
+//! `capgate serve`: the decision service (service.md). Runs until SIGTERM or
+//! SIGINT, then stops accepting, finishes the calls in flight, flushes the
+//! audit writer, flushes telemetry and exits 0. Logs go to standard error
+//! (`--log-format`, filtered by `CAPGATE_LOG`, e.g. `CAPGATE_LOG=debug`);
+//! traces and metrics go over OTLP with `--otlp-endpoint` and to
+//! `--metrics-listen` as Prometheus text (`periphery/telemetry`). None of them
+//! carries a token, a credential or a secret.
+//!
+//! A `--policy` that does not compile stops the start with the report
+//! `validate` prints (exit 1); a configuration that cannot be used is a
+//! usage error (exit 2), a store that cannot be opened exit 3.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::server::{self, Config, ConfigError, PolicyFile, StartError, Tls, Token};
+use crate::telemetry::{self, Telemetry, TelemetryError};
+
+use super::input::{Inputs, Loaded};
+use super::remote::{parse_duration, runtime, Database};
+use super::{validate, Exit, Failure, Outcome};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// An address to listen on; repeat for several. Without tokens, every
+    /// address must be loopback.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50051")]
+    pub listen: Vec<SocketAddr>,
+    #[command(flatten)]
+    pub database: Database,
+    /// Publish this artifact at start-up when it differs from the active version.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// The declared catalog to publish with `--policy`.
+    #[arg(long, value_name = "FILE", requires = "policy")]
+    pub catalog: Option<PathBuf>,
+    /// How long a counter read or consumption may take before usage is unknown.
+    #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = parse_duration)]
+    pub store_timeout: Duration,
+    /// How often the active version is re-read besides notifications.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    pub poll_interval: Duration,
+    /// How long an audit commit may take before the batch goes to the spool.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub audit_timeout: Duration,
+    /// A directory for audit records the store cannot take (replayed later).
+    /// Without it, a store that cannot take a record fails the call.
+    #[arg(long, value_name = "DIR")]
+    pub audit_spool: Option<PathBuf>,
+    /// At most this many records per audit transaction.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub audit_batch: usize,
+    /// A gateway token, `NAME=env://VAR` or `NAME=file:///path`; repeatable.
+    /// NAME is the gateway's identity in the audit trail.
+    #[arg(long, value_name = "NAME=REF")]
+    pub gateway_token: Vec<String>,
+    /// A gateway token also trusted to assert a principal instead of
+    /// forwarding the caller's credential, as for `--gateway-token`. Other
+    /// gateways asserting a principal get PERMISSION_DENIED.
+    #[arg(long, value_name = "NAME=REF")]
+    pub asserting_gateway_token: Vec<String>,
+    /// The longest a decision waits for an `oidc` issuer's discovery document
+    /// and keys; past it, a bearer token is answered UNAVAILABLE.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    pub oidc_fetch_timeout: Duration,
+    /// How often every `oidc` issuer's keys are refetched.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
+    pub oidc_refresh_interval: Duration,
+    /// Extra root certificates (PEM) to trust for `https` discovery and key
+    /// set URLs, besides the system's (an identity provider with a private CA).
+    #[arg(long, value_name = "FILE")]
+    pub oidc_ca: Option<PathBuf>,
+    /// An admin token (publish, activate, read policies), as for `--gateway-token`.
+    #[arg(long, value_name = "NAME=REF")]
+    pub admin_token: Vec<String>,
+    /// The server's certificate chain (PEM): serve TLS.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The server's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Require client certificates signed by this CA (PEM): mutual TLS.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// `human` or `json` log lines.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Human)]
+    pub log_format: LogFormat,
+    /// Export traces and metrics over OTLP/gRPC to this collector (`http://HOST:4317`, or
+    /// `https://` with `--otlp-ca`).
+    #[arg(long, value_name = "URL", value_parser = telemetry::parse_otlp_endpoint)]
+    pub otlp_endpoint: Option<String>,
+    /// The CA (PEM) that signs an `https://` collector's certificate.
+    #[arg(long, value_name = "FILE", requires = "otlp_endpoint")]
+    pub otlp_ca: Option<PathBuf>,
+    /// How often metrics are exported over OTLP (and the longest a span waits to be sent).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub otlp_interval: Duration,
+    /// Serve the metrics as Prometheus text at `http://ADDR/metrics` (no token: they hold no
+    /// secret; see docs/decisions/0010-telemetry.md).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+pub use crate::telemetry::LogFormat;
+
+pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
+    let policy = match &args.policy {
+        None => None,
+        Some(path) => {
+            let source = inputs.policy(path)?;
+            let catalog = inputs.catalog(args.catalog.as_deref())?;
+            let loaded = Loaded::compile(source, catalog.as_ref());
+            if !loaded.compilation.ok() {
+                return Ok(Outcome {
+                    stdout: validate::report(&loaded, false),
+                    stderr: format!("error: `{}` does not compile: not serving it\n", path.display()),
+                    exit: Exit::Findings,
+                });
+            }
+            let artifact = String::from_utf8(loaded.source.bytes)
+                .map_err(|_| Failure::Input("the policy is not UTF-8".to_owned()))?;
+            let catalog = match &args.catalog {
+                Some(path) => Some(read_text(path)?),
+                None => None,
+            };
+            Some(PolicyFile { artifact, catalog })
+        }
+    };
+    let config = config(args, policy)?;
+    let telemetry = telemetry_options(args)?;
+    runtime()?.block_on(async {
+        // Logs, exporters and the metrics endpoint first; flushed once the server has drained,
+        // so that the last decisions and audit commits are in the final export.
+        let telemetry = Telemetry::start(&telemetry).await.map_err(|error| match error {
+            TelemetryError::Config(problem) => Failure::Usage(problem),
+            bind @ TelemetryError::Bind { .. } => Failure::Input(bind.to_string()),
+        })?;
+        let served = server::run(&args.database.database_url, config, shutdown_signal()).await;
+        telemetry.shutdown().await;
+        served.map_err(|error| match error {
+            StartError::Config(error) => Failure::Usage(error.to_string()),
+            other => Failure::Input(other.to_string()),
+        })
+    })?;
+    Ok(Outcome {
+        stdout: String::new(),
+        stderr: String::new(),
+        exit: Exit::Done,
+    })
+}
+
+fn config(args: &Args, policy: Option<PolicyFile>) -> Result<Config, Failure> {
+    let usage = |error: ConfigError| Failure::Usage(error.to_string());
+    let mut config = Config::new(args.listen.clone());
+    config.policy = policy;
+    config.store_timeout = args.store_timeout;
+    config.poll_interval = args.poll_interval;
+    config.audit_timeout = args.audit_timeout;
+    config.audit_spool = args.audit_spool.clone();
+    config.audit_batch = args.audit_batch;
+    let tokens = |flag: &str, specs: &[String]| -> Result<Vec<Token>, Failure> {
+        specs
+            .iter()
+            .map(|spec| Token::resolve(flag, spec))
+            .collect::<Result<_, _>>()
+            .map_err(usage)
+    };
+    config.gateway_tokens = tokens("--gateway-token", &args.gateway_token)?;
+    config.asserting_gateway_tokens = tokens("--asserting-gateway-token", &args.asserting_gateway_token)?;
+    config.admin_tokens = tokens("--admin-token", &args.admin_token)?;
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        config.tls = Some(Tls {
+            cert: read_bytes(cert)?,
+            key: read_bytes(key)?,
+            client_ca: args.tls_client_ca.as_deref().map(read_bytes).transpose()?,
+        });
+    }
+    if args.oidc_fetch_timeout.is_zero() || args.oidc_refresh_interval.is_zero() {
+        return Err(Failure::Usage(
+            "`--oidc-fetch-timeout` and `--oidc-refresh-interval` must be longer than 0ms".to_owned(),
+        ));
+    }
+    config.oidc.fetch_timeout = args.oidc_fetch_timeout;
+    config.oidc.refresh_interval = args.oidc_refresh_interval;
+    if let Some(path) = &args.oidc_ca {
+        config.oidc_roots = read_certificates(path)?;
+    }
+    config.check().map_err(usage)?;
+    Ok(config)
+}
+
+/// Every certificate of a PEM file, as DER; none is an input error.
+fn read_certificates(path: &std::path::Path) -> Result<Vec<Vec<u8>>, Failure> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let bytes = read_bytes(path)?;
+    let certificates: Vec<Vec<u8>> = CertificateDer::pem_slice_iter(&bytes)
+        .map(|certificate| certificate.map(|der| der.to_vec()))
+        .collect::<Result<_, _>>()
+        .map_err(|error| Failure::Input(format!("`{}` is not PEM: {error}", path.display())))?;
+    if certificates.is_empty() {
+        return Err(Failure::Input(format!(
+            "`{}` holds no certificate",
+            path.display()
+        )));
+    }
+    Ok(certificates)
+}
+
+fn telemetry_options(args: &Args) -> Result<telemetry::Options, Failure> {
+    if args.otlp_interval.is_zero() {
+        return Err(Failure::Usage(
+            "`--otlp-interval` must be longer than 0ms".to_owned(),
+        ));
+    }
+    Ok(telemetry::Options {
+        log_format: args.log_format,
+        otlp_endpoint: args.otlp_endpoint.clone(),
+        otlp_ca: args.otlp_ca.as_deref().map(read_bytes).transpose()?,
+        otlp_interval: args.otlp_interval,
+        metrics_listen: args.metrics_listen,
+    })
+}
+
+fn read_bytes(path: &std::path::Path) -> Result<Vec<u8>, Failure> {
+    std::fs::read(path)
+        .map_err(|error| Failure::Input(format!("cannot read `{}`: {}", path.display(), error.kind())))
+}
+
+fn read_text(path: &std::path::Path) -> Result<String, Failure> {
+    String::from_utf8(read_bytes(path)?)
+        .map_err(|_| Failure::Input(format!("`{}` is not UTF-8", path.display())))
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+}

@@ -1,0 +1,306 @@
+//! The active policy of this replica: the compiled version every request
+//! decides on, swapped atomically when the store says another version is
+//! active (service.md §2).
+//!
+//! A request takes an `Arc` of the active version once and decides on it to
+//! the end, so a swap in the middle of a request changes nothing for it; the
+//! response and the audit record name that version.
+//!
+//! The store is the source of truth. A replica re-reads it when told
+//! (PostgreSQL `LISTEN/NOTIFY` through `Store::policy_changed`), every poll
+//! interval whatever it was told, and right after its own publish or
+//! activation. Every installation happens under one lock, after reading the
+//! store's active pointer, so a slow refresh can never install a version
+//! older than what the store said last.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{watch, Mutex};
+use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
+
+use crate::identity::{read_reference, StaticKeys};
+use crate::store::{Store, StoreError, StoredPolicy};
+use capgate_core::capabilities::Catalog;
+use capgate_core::policy::{compile, load_catalog, CompiledPolicy, Diagnostic, Document};
+use capgate_core::principals::Issuer;
+
+use super::proto::decision_service_server::DecisionServiceServer;
+use super::proto::policy_service_server::PolicyServiceServer;
+
+/// A compiled, active version.
+#[derive(Debug)]
+pub struct Active {
+    pub revision: u64,
+    pub version: String,
+    pub policy: CompiledPolicy,
+    /// The parsed artifact, so that reason pointers resolve to positions.
+    pub document: Document,
+    /// `sha256:…` of the catalog text it was compiled with, if any: with the
+    /// version, what tells an identical publish from a new one.
+    pub catalog_version: Option<String>,
+    /// The `static-key` issuers' keys, read when this version was installed.
+    pub static_keys: StaticKeys,
+}
+
+impl Active {
+    /// A compiled version ready to install; reads its static keys.
+    pub fn new(
+        revision: u64,
+        version: String,
+        policy: CompiledPolicy,
+        document: Document,
+        catalog_version: Option<String>,
+    ) -> Self {
+        let static_keys = read_static_keys(&policy.issuers, revision);
+        Active {
+            revision,
+            version,
+            policy,
+            document,
+            catalog_version,
+            static_keys,
+        }
+    }
+
+    /// The position of a pointer in this version's artifact.
+    pub fn document(&self) -> Option<&Document> {
+        Some(&self.document)
+    }
+}
+
+/// What compiling an artifact (and its catalog) gave.
+pub enum Compiled {
+    /// It compiled; the diagnostics are warnings.
+    Ok {
+        policy: Box<CompiledPolicy>,
+        document: Box<Document>,
+        diagnostics: Vec<Diagnostic>,
+    },
+    /// It did not; nothing may be stored or activated.
+    Rejected { diagnostics: Vec<Diagnostic> },
+    /// The catalog could not be loaded at all.
+    BadCatalog(String),
+}
+
+/// Compiles on a blocking thread: an artifact may be 8 MiB.
+pub async fn compile_text(artifact: String, catalog: Option<String>) -> Compiled {
+    let work = move || {
+        let catalog: Option<Catalog> = match catalog.as_deref().map(|text| load_catalog(text.as_bytes())) {
+            None => None,
+            Some(Ok(catalog)) => Some(catalog),
+            Some(Err(error)) => return Compiled::BadCatalog(error.to_string()),
+        };
+        let compilation = compile(artifact.as_bytes(), catalog.as_ref());
+        match (compilation.policy, compilation.document) {
+            (Some(policy), Some(document)) => Compiled::Ok {
+                policy: Box::new(policy),
+                document: Box::new(document),
+                diagnostics: compilation.diagnostics,
+            },
+            _ => Compiled::Rejected {
+                diagnostics: compilation.diagnostics,
+            },
+        }
+    };
+    match tokio::task::spawn_blocking(work).await {
+        Ok(compiled) => compiled,
+        Err(panic) => Compiled::BadCatalog(format!("the compiler failed: {panic}")),
+    }
+}
+
+/// This replica's active version, shared by every request.
+#[derive(Clone)]
+pub struct ActivePolicy {
+    current: Arc<watch::Sender<Option<Arc<Active>>>>,
+    refreshing: Arc<Mutex<()>>,
+    health: HealthReporter,
+}
+
+/// Why the active version could not be refreshed.
+#[derive(Debug, thiserror::Error)]
+pub enum RefreshError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A stored version that this build's compiler rejects (a version stored
+    /// by an older or newer build). The replica keeps what it had.
+    #[error("revision {revision} no longer compiles: {problem}")]
+    Uncompilable { revision: u64, problem: String },
+}
+
+impl ActivePolicy {
+    pub fn new(health: HealthReporter) -> Self {
+        let (current, _) = watch::channel(None);
+        ActivePolicy {
+            current: Arc::new(current),
+            refreshing: Arc::new(Mutex::new(())),
+            health,
+        }
+    }
+
+    /// The version to decide on, if any is active.
+    pub fn current(&self) -> Option<Arc<Active>> {
+        self.current.borrow().clone()
+    }
+
+    /// Watches installations (for tests and start-up logs).
+    pub fn subscribe(&self) -> watch::Receiver<Option<Arc<Active>>> {
+        self.current.subscribe()
+    }
+
+    /// Re-reads the store's active pointer and installs that version when it
+    /// is not the one installed. `candidate` is a version this replica just
+    /// compiled (its own publish): used instead of compiling again when it is
+    /// the one the store names.
+    pub async fn refresh<S: Store>(
+        &self,
+        store: &S,
+        candidate: Option<Arc<Active>>,
+    ) -> Result<Option<Arc<Active>>, RefreshError> {
+        let _serialised = self.refreshing.lock().await;
+        let stored = store.active_policy().await?;
+        let installed = self.current();
+        let Some(stored) = stored else {
+            // Nothing active in the store: keep what we have (a store is not
+            // expected to lose its pointer; fail closed only at start-up).
+            return Ok(installed);
+        };
+        if installed
+            .as_ref()
+            .is_some_and(|active| active.revision == stored.revision)
+        {
+            return Ok(installed);
+        }
+        let next = match candidate.filter(|candidate| candidate.revision == stored.revision) {
+            Some(candidate) => candidate,
+            None => Arc::new(compile_stored(stored).await?),
+        };
+        self.install(next.clone()).await;
+        Ok(Some(next))
+    }
+
+    async fn install(&self, next: Arc<Active>) {
+        let previous = self.current.send_replace(Some(next.clone()));
+        crate::telemetry::metrics().policy_installed(next.revision);
+        tracing::info!(
+            revision = next.revision,
+            version = %next.version,
+            previous = previous.as_ref().map(|active| active.revision),
+            "policy version active"
+        );
+        self.set_health(ServingStatus::Serving).await;
+    }
+
+    /// NOT_SERVING until a version is active (and SERVING after), for the
+    /// server as a whole and for both services.
+    pub async fn set_health(&self, status: ServingStatus) {
+        self.health.set_service_status("", status).await;
+        self.health
+            .set_service_status(
+                <DecisionServiceServer<()> as tonic::server::NamedService>::NAME,
+                status,
+            )
+            .await;
+        self.health
+            .set_service_status(
+                <PolicyServiceServer<()> as tonic::server::NamedService>::NAME,
+                status,
+            )
+            .await;
+    }
+
+    /// Follows the store until `stop` resolves: on every notification and
+    /// every `interval`, whichever comes first.
+    pub async fn follow<S: Store>(self, store: S, interval: Duration, mut stop: watch::Receiver<bool>) {
+        let mut notifications_broken = false;
+        loop {
+            let notified = async {
+                if notifications_broken {
+                    // After an error, wait a poll before subscribing again.
+                    std::future::pending::<()>().await;
+                }
+                store.policy_changed().await
+            };
+            tokio::select! {
+                biased;
+                _ = stop.changed() => return,
+                result = notified => {
+                    if let Err(error) = result {
+                        tracing::warn!(%error, "policy notifications lost; polling until they resume");
+                        notifications_broken = true;
+                        continue;
+                    }
+                }
+                () = tokio::time::sleep(interval) => notifications_broken = false,
+            }
+            if let Err(error) = self.refresh(&store, None).await {
+                tracing::warn!(%error, "cannot refresh the active policy; keeping the current version");
+            }
+        }
+    }
+}
+
+/// Compiles a stored version.
+async fn compile_stored(stored: StoredPolicy) -> Result<Active, RefreshError> {
+    let StoredPolicy {
+        revision,
+        version,
+        artifact,
+        catalog,
+        author: _,
+        comment: _,
+        created_at_ms: _,
+    } = stored;
+    let catalog_version = catalog
+        .as_deref()
+        .map(|text| capgate_core::policy::version_label(text.as_bytes()));
+    match compile_text(artifact, catalog).await {
+        Compiled::Ok {
+            policy,
+            document,
+            diagnostics: _,
+        } => Ok(Active::new(
+            revision,
+            version,
+            *policy,
+            *document,
+            catalog_version,
+        )),
+        Compiled::Rejected { diagnostics } => Err(RefreshError::Uncompilable {
+            revision,
+            problem: format!(
+                "{} error(s), the first `{}`",
+                diagnostics.iter().filter(|d| d.is_error()).count(),
+                diagnostics
+                    .iter()
+                    .find(|d| d.is_error())
+                    .map_or("?", |d| d.code.as_str())
+            ),
+        }),
+        Compiled::BadCatalog(problem) => Err(RefreshError::Uncompilable { revision, problem }),
+    }
+}
+
+/// Reads the static keys a version's issuers reference (`env://`,
+/// `file://`). One that cannot be read authenticates nobody; the log names
+/// the issuer and why, never a value.
+fn read_static_keys(issuers: &[Issuer], revision: u64) -> StaticKeys {
+    let keys = StaticKeys::resolve(issuers, read_reference, |issuer, problem| {
+        tracing::warn!(
+            revision,
+            issuer,
+            problem,
+            "a static key cannot be read; its keys are refused"
+        );
+    });
+    for (first, second) in keys.shared() {
+        tracing::warn!(
+            revision,
+            first,
+            second,
+            "two static-key issuers share one key; that key authenticates neither without an issuer hint"
+        );
+    }
+    keys
+}

@@ -1,0 +1,249 @@
+//! What `capgate serve` is configured with, resolved at start-up: listen
+//! addresses, tokens read from their references, TLS material, timeouts. A
+//! configuration that cannot be resolved stops the start, with a message that
+//! names the flag — never one that carries a token.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use crate::identity::jwks::OidcSettings;
+
+/// Everything the server needs besides its store.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Every address to listen on; `127.0.0.1:0` picks a free port.
+    pub listen: Vec<SocketAddr>,
+    /// `--policy FILE [--catalog F]`: published at start-up if it differs from
+    /// the active version.
+    pub policy: Option<PolicyFile>,
+    /// How long a counter read or consumption may take before usage is unknown.
+    pub store_timeout: Duration,
+    /// How long one audit batch may take to commit before it goes to the spool.
+    pub audit_timeout: Duration,
+    /// How often the active version is re-read, whatever notifications say.
+    pub poll_interval: Duration,
+    /// Where audit batches go while the store cannot take them.
+    pub audit_spool: Option<PathBuf>,
+    /// At most this many records per audit transaction.
+    pub audit_batch: usize,
+    pub gateway_tokens: Vec<Token>,
+    /// Gateway tokens also trusted to assert a principal.
+    pub asserting_gateway_tokens: Vec<Token>,
+    pub admin_tokens: Vec<Token>,
+    pub tls: Option<Tls>,
+    /// How `oidc` issuers' keys are fetched and cached.
+    pub oidc: OidcSettings,
+    /// Root certificates (DER) trusted for `https` discovery besides the system's.
+    pub oidc_roots: Vec<Vec<u8>>,
+}
+
+impl Config {
+    /// Listening on `listen` with every default and no tokens.
+    pub fn new(listen: Vec<SocketAddr>) -> Self {
+        Config {
+            listen,
+            policy: None,
+            store_timeout: Duration::from_millis(50),
+            audit_timeout: Duration::from_millis(1000),
+            poll_interval: Duration::from_secs(2),
+            audit_spool: None,
+            audit_batch: 512,
+            gateway_tokens: Vec::new(),
+            asserting_gateway_tokens: Vec::new(),
+            admin_tokens: Vec::new(),
+            tls: None,
+            oidc: OidcSettings::default(),
+            oidc_roots: Vec::new(),
+        }
+    }
+
+    /// Whether any token is configured (then every call must present one).
+    pub fn authenticates(&self) -> bool {
+        !self.gateway_tokens.is_empty()
+            || !self.asserting_gateway_tokens.is_empty()
+            || !self.admin_tokens.is_empty()
+    }
+
+    /// The checks that need no I/O: something to listen on, tokens where the
+    /// network is not loopback, token names unique.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        if self.listen.is_empty() {
+            return Err(ConfigError::NoListenAddress);
+        }
+        if !self.authenticates() {
+            if let Some(open) = self.listen.iter().find(|addr| !addr.ip().is_loopback()) {
+                return Err(ConfigError::UnauthenticatedNetwork(*open));
+            }
+        }
+        let mut names: Vec<&str> = self
+            .gateway_tokens
+            .iter()
+            .chain(&self.asserting_gateway_tokens)
+            .chain(&self.admin_tokens)
+            .map(|token| token.name.as_str())
+            .collect();
+        names.sort_unstable();
+        if let Some(pair) = names.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Err(ConfigError::DuplicateTokenName(pair[0].to_owned()));
+        }
+        if self.audit_batch == 0 {
+            return Err(ConfigError::Invalid(
+                "--audit-batch must be at least 1".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The artifact (and catalog) `serve --policy` starts with, as text.
+#[derive(Debug, Clone)]
+pub struct PolicyFile {
+    pub artifact: String,
+    pub catalog: Option<String>,
+}
+
+/// TLS material, already read (PEM).
+#[derive(Clone)]
+pub struct Tls {
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+    /// Present: clients must show a certificate signed by it (mutual TLS).
+    pub client_ca: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for Tls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The key is secret material: never printed.
+        f.debug_struct("Tls")
+            .field("cert", &format_args!("{} bytes", self.cert.len()))
+            .field("key", &"[redacted]")
+            .field("mutual", &self.client_ca.is_some())
+            .finish()
+    }
+}
+
+/// A bearer token: its name (the identity recorded in audit) and the SHA-256
+/// of its value. Only the digest is kept, so the secret itself does not stay
+/// in memory longer than it takes to read it, and comparisons run over a
+/// fixed length whatever was presented.
+#[derive(Clone)]
+pub struct Token {
+    pub name: String,
+    pub(crate) digest: [u8; 32],
+}
+
+impl Token {
+    /// A token with its value (for tests and for references already read).
+    pub fn new(name: impl Into<String>, value: &[u8]) -> Self {
+        Token {
+            name: name.into(),
+            digest: Sha256::digest(value).into(),
+        }
+    }
+
+    /// Parses `NAME=env://VAR` or `NAME=file:///path` and reads the value.
+    /// A file's trailing line break is not part of the token.
+    pub fn resolve(flag: &str, spec: &str) -> Result<Token, ConfigError> {
+        let bad = |problem: &str| ConfigError::Token {
+            flag: flag.to_owned(),
+            problem: problem.to_owned(),
+        };
+        let Some((name, reference)) = spec.split_once('=') else {
+            return Err(bad("expected `NAME=env://VAR` or `NAME=file:///path`"));
+        };
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        {
+            return Err(bad("the token name must be letters, digits, `-`, `_` or `.`"));
+        }
+        if !reference.starts_with("env://") && !reference.starts_with("file://") {
+            return Err(bad("the reference must start with `env://` or `file://`"));
+        }
+        let value = crate::identity::read_reference(reference).map_err(|problem| bad(&problem))?;
+        if value.is_empty() {
+            return Err(bad(&format!("the token `{name}` is empty")));
+        }
+        Ok(Token::new(name, &value))
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Token")
+            .field("name", &self.name)
+            .field("digest", &"[redacted]")
+            .finish()
+    }
+}
+
+/// Why the configuration cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("nothing to listen on: give `--listen ADDR`")]
+    NoListenAddress,
+    #[error(
+        "refusing to listen on `{0}` without tokens: unauthenticated calls are accepted only on \
+         loopback addresses; configure `--gateway-token` and `--admin-token`, or listen on 127.0.0.1"
+    )]
+    UnauthenticatedNetwork(SocketAddr),
+    #[error("`{flag}`: {problem}")]
+    Token { flag: String, problem: String },
+    #[error("the token name `{0}` is configured twice")]
+    DuplicateTokenName(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(text: &str) -> SocketAddr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn open_addresses_need_tokens() {
+        let local = Config::new(vec![addr("127.0.0.1:0"), addr("[::1]:0")]);
+        assert_eq!(local.check(), Ok(()));
+        let open = Config::new(vec![addr("127.0.0.1:0"), addr("0.0.0.0:7000")]);
+        assert_eq!(
+            open.check(),
+            Err(ConfigError::UnauthenticatedNetwork(addr("0.0.0.0:7000")))
+        );
+        let mut guarded = open;
+        guarded.gateway_tokens.push(Token::new("gw", b"s3cret"));
+        assert_eq!(guarded.check(), Ok(()));
+        guarded.admin_tokens.push(Token::new("gw", b"other"));
+        assert_eq!(guarded.check(), Err(ConfigError::DuplicateTokenName("gw".into())));
+    }
+
+    #[test]
+    fn token_references_are_checked_and_never_echo_the_value() {
+        assert!(matches!(
+            Token::resolve("--gateway-token", "gw"),
+            Err(ConfigError::Token { .. })
+        ));
+        assert!(matches!(
+            Token::resolve("--gateway-token", "gw=s3cret"),
+            Err(ConfigError::Token { .. })
+        ));
+        assert!(matches!(
+            Token::resolve("--gateway-token", "=env://X"),
+            Err(ConfigError::Token { .. })
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "s3cret\n").unwrap();
+        let token = Token::resolve("--admin-token", &format!("ops=file://{}", path.display())).unwrap();
+        assert_eq!(token.name, "ops");
+        assert_eq!(token.digest, Token::new("ops", b"s3cret").digest);
+        assert!(!format!("{token:?}").contains("s3cret"));
+    }
+}

@@ -1,0 +1,248 @@
+//! Input bounds (service.md §6): every string and list a caller sends has a
+//! documented limit, checked before any work; a request over one gets
+//! `INVALID_ARGUMENT` with a `google.rpc.BadRequest` naming each offending
+//! field (and the message names the first). The transport caps the encoded
+//! message at [`MAX_MESSAGE_BYTES`], so nothing unbounded is ever decoded.
+//!
+//! | field | limit |
+//! |---|---|
+//! | `principal.issuer` | 512 bytes |
+//! | `principal.subject` | 1024 bytes |
+//! | `principal.attributes` | 64 entries |
+//! | `principal.attributes[i].name`, each value | 1024 bytes |
+//! | `principal.attributes[i].values` | 64 values |
+//! | `credential.bearer_token`, `.api_key`, `.client_certificate` | 16 KiB |
+//! | `credential.issuer` | 512 bytes |
+//! | `tool`, `capability` | 512 bytes |
+//! | `request_id` | 128 bytes |
+//! | `artifact`, `catalog` | 8 MiB each |
+//! | `comment` | 4096 bytes |
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
+
+use super::proto::{
+    credential, decide_request, list_visible_request, AssertedPrincipal, Credential, DecideRequest,
+    ListVisibleRequest, PublishPolicyRequest,
+};
+
+pub const MAX_ISSUER: usize = 512;
+pub const MAX_SUBJECT: usize = 1024;
+pub const MAX_ATTRIBUTES: usize = 64;
+pub const MAX_ATTRIBUTE_NAME: usize = 1024;
+pub const MAX_ATTRIBUTE_VALUES: usize = 64;
+pub const MAX_ATTRIBUTE_VALUE: usize = 1024;
+pub const MAX_CREDENTIAL: usize = crate::identity::MAX_CREDENTIAL_BYTES;
+pub const MAX_TARGET: usize = 512;
+pub const MAX_REQUEST_ID: usize = 128;
+pub const MAX_ARTIFACT: usize = capgate_core::policy::document::MAX_ARTIFACT_BYTES;
+pub const MAX_CATALOG: usize = capgate_core::policy::document::MAX_ARTIFACT_BYTES;
+pub const MAX_COMMENT: usize = 4096;
+/// The largest encoded request: an artifact and a catalog at their limits,
+/// plus room for the rest.
+pub const MAX_MESSAGE_BYTES: usize = MAX_ARTIFACT + MAX_CATALOG + 64 * 1024;
+
+/// The violations found so far.
+#[derive(Debug, Default)]
+struct Check {
+    violations: Vec<FieldViolation>,
+}
+
+impl Check {
+    fn length(&mut self, field: impl FnOnce() -> String, value: &str, limit: usize) {
+        if value.len() > limit {
+            self.violations.push(FieldViolation::new(
+                field(),
+                format!("{} bytes, more than the limit of {limit}", value.len()),
+            ));
+        }
+    }
+
+    fn count(&mut self, field: &str, count: usize, limit: usize, noun: &str) {
+        if count > limit {
+            self.violations.push(FieldViolation::new(
+                field,
+                format!("{count} {noun}, more than the limit of {limit}"),
+            ));
+        }
+    }
+
+    fn required(&mut self, field: &str, present: bool, what: &str) {
+        if !present {
+            self.violations
+                .push(FieldViolation::new(field, format!("required: {what}")));
+        }
+    }
+
+    fn principal(&mut self, principal: &AssertedPrincipal) {
+        let AssertedPrincipal {
+            issuer,
+            subject,
+            attributes,
+        } = principal;
+        self.length(|| "principal.issuer".into(), issuer, MAX_ISSUER);
+        self.length(|| "principal.subject".into(), subject, MAX_SUBJECT);
+        self.count(
+            "principal.attributes",
+            attributes.len(),
+            MAX_ATTRIBUTES,
+            "attributes",
+        );
+        for (index, attribute) in attributes.iter().take(MAX_ATTRIBUTES).enumerate() {
+            self.length(
+                || format!("principal.attributes[{index}].name"),
+                &attribute.name,
+                MAX_ATTRIBUTE_NAME,
+            );
+            self.count(
+                &format!("principal.attributes[{index}].values"),
+                attribute.values.len(),
+                MAX_ATTRIBUTE_VALUES,
+                "values",
+            );
+            for (at, value) in attribute.values.iter().take(MAX_ATTRIBUTE_VALUES).enumerate() {
+                self.length(
+                    || format!("principal.attributes[{index}].values[{at}]"),
+                    value,
+                    MAX_ATTRIBUTE_VALUE,
+                );
+            }
+        }
+    }
+
+    /// The credential's size; an empty or absent value is not a malformed
+    /// request but `credential_missing`, answered and audited.
+    fn credential(&mut self, presented: &Credential) {
+        let Credential { kind, issuer } = presented;
+        self.length(|| "credential.issuer".into(), issuer, MAX_ISSUER);
+        let (field, value) = match kind {
+            Some(credential::Kind::BearerToken(value)) => ("credential.bearer_token", value),
+            Some(credential::Kind::ApiKey(value)) => ("credential.api_key", value),
+            Some(credential::Kind::ClientCertificate(value)) => ("credential.client_certificate", value),
+            None => return,
+        };
+        self.length(|| field.into(), value, MAX_CREDENTIAL);
+    }
+
+    fn finish(self) -> Result<(), Status> {
+        let Some(first) = self.violations.first() else {
+            return Ok(());
+        };
+        let message = format!("`{}`: {}", first.field, first.description);
+        Err(Status::with_error_details(
+            Code::InvalidArgument,
+            message,
+            ErrorDetails::with_bad_request(self.violations),
+        ))
+    }
+}
+
+pub fn decide(request: &DecideRequest) -> Result<(), Status> {
+    let DecideRequest {
+        caller,
+        target,
+        request_id,
+    } = request;
+    let mut check = Check::default();
+    match caller {
+        Some(decide_request::Caller::Principal(principal)) => check.principal(principal),
+        Some(decide_request::Caller::Credential(credential)) => check.credential(credential),
+        None => check.required("caller", false, "a `credential` or a `principal`"),
+    }
+    match target {
+        Some(decide_request::Target::Tool(tool)) => check.length(|| "tool".into(), tool, MAX_TARGET),
+        Some(decide_request::Target::Capability(capability)) => {
+            check.length(|| "capability".into(), capability, MAX_TARGET);
+        }
+        None => check.required("target", false, "a `tool` or a `capability`"),
+    }
+    check.length(|| "request_id".into(), request_id, MAX_REQUEST_ID);
+    check.finish()
+}
+
+pub fn list_visible(request: &ListVisibleRequest) -> Result<(), Status> {
+    let ListVisibleRequest { caller, request_id } = request;
+    let mut check = Check::default();
+    match caller {
+        Some(list_visible_request::Caller::Principal(principal)) => check.principal(principal),
+        Some(list_visible_request::Caller::Credential(credential)) => check.credential(credential),
+        None => check.required("caller", false, "a `credential` or a `principal`"),
+    }
+    check.length(|| "request_id".into(), request_id, MAX_REQUEST_ID);
+    check.finish()
+}
+
+pub fn publish(request: &PublishPolicyRequest) -> Result<(), Status> {
+    let PublishPolicyRequest {
+        artifact,
+        catalog,
+        expected_active_revision: _,
+        dry_run: _,
+        comment,
+    } = request;
+    let mut check = Check::default();
+    check.length(|| "artifact".into(), artifact, MAX_ARTIFACT);
+    if let Some(catalog) = catalog {
+        check.length(|| "catalog".into(), catalog, MAX_CATALOG);
+    }
+    check.length(|| "comment".into(), comment, MAX_COMMENT);
+    check.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::proto::Attribute;
+    use super::*;
+
+    fn principal(subject: &str, attributes: Vec<Attribute>) -> Option<decide_request::Caller> {
+        Some(decide_request::Caller::Principal(AssertedPrincipal {
+            issuer: "staff".into(),
+            subject: subject.into(),
+            attributes,
+        }))
+    }
+
+    fn fields(status: &Status) -> Vec<String> {
+        status
+            .get_details_bad_request()
+            .map(|bad| bad.field_violations.into_iter().map(|v| v.field).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn every_violation_is_named() {
+        let request = DecideRequest {
+            caller: principal(
+                &"s".repeat(MAX_SUBJECT + 1),
+                vec![Attribute {
+                    name: "dept".into(),
+                    values: vec!["x".repeat(MAX_ATTRIBUTE_VALUE + 1)],
+                }],
+            ),
+            target: None,
+            request_id: "r".repeat(MAX_REQUEST_ID + 1),
+        };
+        let status = decide(&request).unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().contains("`principal.subject`"));
+        assert_eq!(
+            fields(&status),
+            [
+                "principal.subject",
+                "principal.attributes[0].values[0]",
+                "target",
+                "request_id"
+            ]
+        );
+    }
+
+    #[test]
+    fn at_the_limit_is_fine() {
+        let request = DecideRequest {
+            caller: principal(&"s".repeat(MAX_SUBJECT), Vec::new()),
+            target: Some(decide_request::Target::Tool("t".repeat(MAX_TARGET))),
+            request_id: "r".repeat(MAX_REQUEST_ID),
+        };
+        assert!(decide(&request).is_ok());
+    }
+}

@@ -1,0 +1,387 @@
+//! The gRPC decision service (`capgate serve`): decisions, policy versions,
+//! counters and audit over a store (spec: service.md).
+//!
+//! This file is the wiring: check the configuration, migrate, publish the
+//! start-up file, install the active version, start the audit writer and
+//! the policy follower, bind every listener, serve until told to stop, then
+//! drain — stop accepting, finish in-flight requests, flush the audit
+//! writer. The server is generic over [`Store`] and monomorphised once, at
+//! start-up, from the database URL's scheme ([`run`]).
+//!
+//! | file | what it holds |
+//! |---|---|
+//! | `config.rs` | the resolved configuration (tokens by reference, TLS) |
+//! | `active.rs` | the active policy, its atomic swap and the store follower |
+//! | `decisions.rs` | `Decide`, `ListVisible`, counters, idempotency |
+//! | `policies.rs` | `PublishPolicy`, `GetActivePolicy`, `ListPolicyVersions`, `ActivatePolicy` |
+//! | `auth.rs` | bearer tokens and roles |
+//! | `audit.rs` | the group-commit writer and its local spool |
+//! | `retention.rs` | audit partitions made ahead of time |
+//! | `convert.rs` | core ↔ protobuf |
+//! | `limits.rs` | input bounds |
+
+pub mod active;
+pub mod audit;
+pub mod auth;
+pub mod config;
+pub mod convert;
+pub mod decisions;
+pub mod identify;
+pub mod limits;
+pub mod policies;
+pub mod proto;
+pub mod retention;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::{StreamExt, StreamMap};
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::Status;
+use tonic_health::ServingStatus;
+
+use crate::identity::jwks::OidcDirectory;
+use crate::store::{self, NewPolicy, PublishOutcome, Store, StoreError, StoreOptions};
+
+use active::{compile_text, Active, ActivePolicy, Compiled};
+use audit::{AuditOptions, AuditWriter};
+use auth::Tokens;
+pub use config::{Config, ConfigError, PolicyFile, Tls, Token};
+use decisions::{Decisions, Turns};
+use policies::Policies;
+use proto::decision_service_server::DecisionServiceServer;
+use proto::policy_service_server::PolicyServiceServer;
+
+/// The author recorded for a version published by `serve --policy`.
+pub const STARTUP_AUTHOR: &str = "serve --policy";
+
+/// The largest `Decide`/`ListVisible` message: every bound in `limits.rs`
+/// at its maximum fits.
+const MAX_DECISION_MESSAGE: usize = 5 * 1024 * 1024;
+
+/// The current instant in milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> i64 {
+    crate::cli::now_ms()
+}
+
+/// What every request handler shares.
+pub struct State<S: Store> {
+    pub store: S,
+    pub active: ActivePolicy,
+    pub audit: AuditWriter,
+    pub tokens: Tokens,
+    pub store_timeout: Duration,
+    pub idempotency: Turns,
+    /// The `oidc` issuers' discovery documents and keys.
+    pub oidc: Arc<OidcDirectory>,
+}
+
+impl<S: Store> State<S> {
+    /// The version to decide on; fail closed without one.
+    fn current(&self) -> Result<Arc<Active>, Status> {
+        self.active
+            .current()
+            .ok_or_else(|| Status::unavailable("no policy version is active: publish one first"))
+    }
+}
+
+/// The configured extra roots for `https` discovery, as rustls takes them.
+fn oidc_roots(config: &Config) -> Vec<rustls::pki_types::CertificateDer<'static>> {
+    config
+        .oidc_roots
+        .iter()
+        .map(|der| rustls::pki_types::CertificateDer::from(der.clone()))
+        .collect()
+}
+
+/// Fetches the keys of the active version's `oidc` issuers in the
+/// background, so that the first token does not wait for them. A failure is
+/// logged by the directory and retried when a token arrives.
+fn prefetch_keys(oidc: &Arc<OidcDirectory>, active: &Active) {
+    for discovery in active
+        .policy
+        .issuers
+        .iter()
+        .filter_map(|issuer| issuer.discovery.clone())
+    {
+        let oidc = oidc.clone();
+        tokio::spawn(async move {
+            let _ = oidc.keys(&discovery, None).await;
+        });
+    }
+}
+
+/// Why the server did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error(
+        "the policy given with `--policy` does not compile ({errors} error(s)); run `capgate validate` on it"
+    )]
+    PolicyRejected { errors: usize },
+    #[error("the catalog given with `--catalog` cannot be used: {0}")]
+    Catalog(String),
+    #[error("the stored active version cannot be used: {0}")]
+    Active(String),
+    #[error("the audit spool cannot be used: {0}")]
+    Spool(std::io::Error),
+    #[error("cannot listen on `{addr}`: {error}")]
+    Bind { addr: SocketAddr, error: std::io::Error },
+    #[error("the TLS configuration cannot be used: {0}")]
+    Tls(String),
+    #[error("{0}")]
+    Oidc(String),
+}
+
+/// A server that is running.
+pub struct Running {
+    /// The bound addresses, in the order given (ports resolved).
+    pub addrs: Vec<SocketAddr>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<(), String>>,
+}
+
+impl Running {
+    /// Stops accepting, lets in-flight requests finish, flushes the audit
+    /// writer, and returns once all of that is done.
+    pub async fn stop(self) -> Result<(), String> {
+        let _ = self.stop.send(true);
+        self.wait().await
+    }
+
+    /// Waits for the server to end.
+    pub async fn wait(self) -> Result<(), String> {
+        match self.task.await {
+            Ok(result) => result,
+            Err(error) => Err(format!("the server task failed: {error}")),
+        }
+    }
+}
+
+/// Opens the store the URL names, migrates it, and serves until `shutdown`
+/// resolves; then drains.
+pub async fn run(
+    database_url: &str,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StartError> {
+    config.check()?;
+    let opened = store::connect(database_url, &StoreOptions::default()).await?;
+    tracing::info!(store = %store::redact(database_url), "store opened");
+    match opened {
+        store::AnyStore::Postgres(store) => serve_until(store, config, shutdown).await,
+        store::AnyStore::Sqlite(store) => serve_until(store, config, shutdown).await,
+    }
+}
+
+async fn serve_until<S: Store>(
+    store: S,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StartError> {
+    let running = start(store, config).await?;
+    let stop = running.stop.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        tracing::info!("shutting down: no new calls; finishing the ones in flight");
+        let _ = stop.send(true);
+    });
+    running.wait().await.map_err(StartError::Active)
+}
+
+/// Starts a server over `store`: migrates, publishes `config.policy` if it
+/// differs from the active version, binds every listen address, and serves
+/// in a task of its own.
+pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartError> {
+    config.check()?;
+    store.migrate().await?;
+    store.prepare_audit_periods(now_ms()).await?;
+
+    if let Some(file) = &config.policy {
+        publish_startup_file(&store, file).await?;
+    }
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    let active = ActivePolicy::new(health);
+    active.set_health(ServingStatus::NotServing).await;
+    let installed = active.refresh(&store, None).await.map_err(|error| match error {
+        active::RefreshError::Store(error) => StartError::Store(error),
+        other => StartError::Active(other.to_string()),
+    })?;
+    if installed.is_none() {
+        tracing::warn!(
+            "no policy version is active: health is NOT_SERVING and decisions answer UNAVAILABLE \
+             until one is published"
+        );
+    }
+
+    let (audit, audit_task) = AuditWriter::start(
+        store.clone(),
+        AuditOptions {
+            batch: config.audit_batch,
+            timeout: config.audit_timeout,
+            spool: config.audit_spool.clone(),
+            replay_interval: config.poll_interval,
+        },
+    )
+    .map_err(StartError::Spool)?;
+
+    let (stop, stopped) = watch::channel(false);
+    let follower = tokio::spawn(
+        active
+            .clone()
+            .follow(store.clone(), config.poll_interval, stopped.clone()),
+    );
+
+    let oidc = Arc::new(
+        OidcDirectory::with_roots(config.oidc.clone(), oidc_roots(&config))
+            .map_err(|error| StartError::Oidc(error.to_string()))?,
+    );
+    if let Some(active) = &installed {
+        prefetch_keys(&oidc, active);
+    }
+    let refresher = oidc.spawn_refresher();
+
+    let state = Arc::new(State {
+        store,
+        active,
+        audit,
+        tokens: Tokens::new(
+            config.gateway_tokens.clone(),
+            config.asserting_gateway_tokens.clone(),
+            config.admin_tokens.clone(),
+        ),
+        store_timeout: config.store_timeout,
+        idempotency: Turns::default(),
+        oidc,
+    });
+
+    let mut listeners = StreamMap::new();
+    let mut addrs = Vec::with_capacity(config.listen.len());
+    for (index, addr) in config.listen.iter().enumerate() {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|error| StartError::Bind { addr: *addr, error })?;
+        let bound = listener
+            .local_addr()
+            .map_err(|error| StartError::Bind { addr: *addr, error })?;
+        addrs.push(bound);
+        listeners.insert(index, TcpListenerStream::new(listener));
+    }
+    let incoming = listeners.map(|(_, accepted)| {
+        accepted.inspect(|stream| {
+            // Small messages both ways: no Nagle delay.
+            let _ = stream.set_nodelay(true);
+        })
+    });
+
+    let mut builder = Server::builder();
+    if let Some(tls) = &config.tls {
+        let mut tls_config = ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert, &tls.key));
+        if let Some(ca) = &tls.client_ca {
+            tls_config = tls_config.client_ca_root(Certificate::from_pem(ca));
+        }
+        builder = builder
+            .tls_config(tls_config)
+            .map_err(|error| StartError::Tls(error.to_string()))?;
+    }
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|error| StartError::Active(format!("reflection: {error}")))?;
+    let router = builder
+        // One span per capgate RPC, with its duration and status (periphery/telemetry).
+        .layer(crate::telemetry::RpcLayer)
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(
+            DecisionServiceServer::new(Decisions::new(state.clone()))
+                .max_decoding_message_size(MAX_DECISION_MESSAGE),
+        )
+        .add_service(
+            PolicyServiceServer::new(Policies::new(state.clone()))
+                .max_decoding_message_size(limits::MAX_MESSAGE_BYTES),
+        );
+    // Spawned once nothing can fail any more, so a start that fails leaves
+    // no task behind.
+    let preparer = tokio::spawn(retention::prepare_periodically(
+        state.store.clone(),
+        retention::PREPARE_INTERVAL,
+    ));
+    drop(state);
+
+    let shown: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+    tracing::info!(
+        addresses = %shown.join(", "),
+        tls = config.tls.is_some(),
+        mutual_tls = config.tls.as_ref().is_some_and(|tls| tls.client_ca.is_some()),
+        "capgate serving"
+    );
+    if !config.authenticates() {
+        tracing::warn!("no tokens configured: accepting unauthenticated calls, on loopback addresses only");
+    }
+
+    let mut signal = stopped;
+    let task = tokio::spawn(async move {
+        let served = router
+            .serve_with_incoming_shutdown(incoming, async move {
+                let _ = signal.wait_for(|stop| *stop).await;
+            })
+            .await;
+        follower.abort();
+        preparer.abort();
+        refresher.abort();
+        // Every request handler is gone with the router: the writer commits
+        // what is queued and ends.
+        match tokio::time::timeout(Duration::from_secs(30), audit_task).await {
+            Ok(_) => tracing::info!("audit flushed; stopped"),
+            Err(_) => tracing::error!("the audit writer did not finish within 30 s"),
+        }
+        served.map_err(|error| format!("the server failed: {error}"))
+    });
+    Ok(Running { addrs, stop, task })
+}
+
+/// `serve --policy FILE`: published first when its content differs from the
+/// active version, so that the file the server started with is what runs.
+async fn publish_startup_file<S: Store>(store: &S, file: &PolicyFile) -> Result<(), StartError> {
+    let PolicyFile { artifact, catalog } = file;
+    match compile_text(artifact.clone(), catalog.clone()).await {
+        Compiled::Ok { policy, .. } => {
+            let new = NewPolicy {
+                version: policy.version.clone(),
+                artifact: artifact.clone(),
+                catalog: catalog.clone(),
+                author: STARTUP_AUTHOR.to_owned(),
+                comment: "published at start-up".to_owned(),
+                created_at_ms: now_ms(),
+            };
+            match store.publish(new, None).await? {
+                PublishOutcome::Activated(stored) => {
+                    tracing::info!(revision = stored.revision, version = %stored.version, "start-up policy published");
+                }
+                PublishOutcome::Unchanged(stored) => {
+                    tracing::info!(revision = stored.revision, "start-up policy is already active");
+                }
+                PublishOutcome::Conflict { .. } => {
+                    return Err(StartError::Active("the start-up publish conflicted".to_owned()));
+                }
+            }
+            Ok(())
+        }
+        Compiled::Rejected { diagnostics } => Err(StartError::PolicyRejected {
+            errors: diagnostics.iter().filter(|d| d.is_error()).count(),
+        }),
+        Compiled::BadCatalog(problem) => Err(StartError::Catalog(problem)),
+    }
+}

@@ -1,0 +1,329 @@
+//! `PolicyService`: publishing, inspecting and rolling back policy versions
+//! (service.md §2). Every call needs an admin token (see `auth.rs`).
+//!
+//! A publish compiles with the same compiler as `capgate validate`; with any
+//! error nothing is stored and the response carries the diagnostics. A valid
+//! artifact is stored and activated by the store in one transaction, then
+//! installed on this replica at once; the others learn of it through the
+//! store's notifications or their next poll.
+
+use std::sync::Arc;
+
+use tonic::{Code, Request, Response, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::store::{ActivateOutcome, NewPolicy, PublishOutcome, Store, StoreError, StoredPolicy};
+use crate::telemetry::rpc::policy as traced;
+use capgate_core::access::{effective_diff, Ruleset, Side};
+use capgate_core::policy::{version_label, CompiledPolicy};
+
+use super::active::{compile_text, Active, Compiled, RefreshError};
+use super::auth::Role;
+use super::proto::policy_service_server::PolicyService;
+use super::proto::{
+    ActivatePolicyRequest, ActivatePolicyResponse, DecisionChange, GetActivePolicyRequest,
+    GetActivePolicyResponse, ListPolicyVersionsRequest, ListPolicyVersionsResponse, PublishPolicyRequest,
+    PublishPolicyResponse,
+};
+use super::{convert, limits, now_ms, State};
+
+/// `ListPolicyVersions` without a limit.
+const DEFAULT_LIST: u32 = 100;
+/// `ListPolicyVersions` at most.
+const MAX_LIST: u32 = 1000;
+
+/// The policy service over a store.
+pub struct Policies<S: Store> {
+    state: Arc<State<S>>,
+}
+
+impl<S: Store> Policies<S> {
+    pub fn new(state: Arc<State<S>>) -> Self {
+        Policies { state }
+    }
+
+    /// The version a change is diffed against: what the store says is active
+    /// now, not what this replica happened to have installed. A stored
+    /// version this build cannot compile must not block publishing its fix:
+    /// then the installed one stands in.
+    async fn before(&self) -> Result<Option<Arc<Active>>, Status> {
+        match self.state.active.refresh(&self.state.store, None).await {
+            Ok(before) => Ok(before),
+            Err(RefreshError::Store(error)) => Err(unavailable(&error)),
+            Err(error @ RefreshError::Uncompilable { .. }) => {
+                tracing::warn!(%error, "diffing against the installed version instead");
+                Ok(self.state.active.current())
+            }
+        }
+    }
+}
+
+fn unavailable(error: &StoreError) -> Status {
+    Status::unavailable(format!("the policy store is unavailable: {error}"))
+}
+
+fn conflict(expected: Option<u64>, active: Option<u64>) -> Status {
+    let active = active.map_or_else(
+        || "no revision".to_owned(),
+        |revision| format!("revision {revision}"),
+    );
+    let expected = expected.map_or_else(|| "?".to_owned(), |revision| revision.to_string());
+    Status::aborted(format!(
+        "the active version is {active}, not the expected revision {expected}: nothing changed"
+    ))
+}
+
+/// The effective diff from `before` (nothing, when no version was active) to `after`.
+fn changes(before: Option<&Active>, after: &CompiledPolicy) -> Vec<DecisionChange> {
+    let empty = Ruleset::default();
+    let before_issuers = before
+        .map(|active| active.policy.issuer_ids())
+        .unwrap_or_default();
+    let after_issuers = after.issuer_ids();
+    let before_side = Side {
+        ruleset: before.map_or(&empty, |active| &active.policy.ruleset),
+        issuers: &before_issuers,
+    };
+    let after_side = Side {
+        ruleset: &after.ruleset,
+        issuers: &after_issuers,
+    };
+    effective_diff(before_side, after_side)
+        .iter()
+        .map(convert::change)
+        .collect()
+}
+
+/// The label compared to tell whether a catalog changed.
+fn catalog_label(catalog: Option<&str>) -> Option<String> {
+    catalog.map(|text| version_label(text.as_bytes()))
+}
+
+#[tonic::async_trait]
+impl<S: Store> PolicyService for Policies<S> {
+    async fn publish_policy(
+        &self,
+        request: Request<PublishPolicyRequest>,
+    ) -> Result<Response<PublishPolicyResponse>, Status> {
+        let caller = self.state.tokens.authorize(request.metadata(), Role::Admin)?;
+        let request = request.into_inner();
+        limits::publish(&request)?;
+        let PublishPolicyRequest {
+            artifact,
+            catalog,
+            expected_active_revision,
+            dry_run,
+            comment,
+        } = request;
+        let version = version_label(artifact.as_bytes());
+        traced(None, Some(&version));
+        let (policy, document, diagnostics) = match compile_text(artifact.clone(), catalog.clone()).await {
+            Compiled::Ok {
+                policy,
+                document,
+                diagnostics,
+            } => (policy, document, diagnostics),
+            Compiled::Rejected { diagnostics } => {
+                return Ok(Response::new(PublishPolicyResponse {
+                    accepted: false,
+                    revision: 0,
+                    version,
+                    diagnostics: diagnostics.iter().map(convert::diagnostic).collect(),
+                    changes: Vec::new(),
+                    unchanged: false,
+                }));
+            }
+            Compiled::BadCatalog(problem) => {
+                return Err(Status::with_error_details(
+                    Code::InvalidArgument,
+                    format!("`catalog`: {problem}"),
+                    ErrorDetails::with_bad_request_violation("catalog", problem),
+                ));
+            }
+        };
+        let diagnostics: Vec<_> = diagnostics.iter().map(convert::diagnostic).collect();
+        let catalog_version = catalog_label(catalog.as_deref());
+
+        let store = &self.state.store;
+        let before = self.before().await?;
+        let changes = changes(before.as_deref(), &policy);
+
+        if dry_run {
+            let unchanged = before
+                .as_ref()
+                .is_some_and(|active| active.version == version && active.catalog_version == catalog_version);
+            let conflicting = expected_active_revision
+                .is_some_and(|expected| expected != before.as_ref().map_or(0, |active| active.revision));
+            if conflicting {
+                return Err(conflict(
+                    expected_active_revision,
+                    before.map(|active| active.revision),
+                ));
+            }
+            return Ok(Response::new(PublishPolicyResponse {
+                accepted: true,
+                revision: 0,
+                version,
+                diagnostics,
+                changes: if unchanged { Vec::new() } else { changes },
+                unchanged,
+            }));
+        }
+
+        let new = NewPolicy {
+            version: version.clone(),
+            artifact,
+            catalog,
+            author: caller.name.clone(),
+            comment,
+            created_at_ms: now_ms(),
+        };
+        let published = store
+            .publish(new, expected_active_revision)
+            .await
+            .map_err(|error| unavailable(&error))?;
+        match published {
+            PublishOutcome::Conflict { active } => Err(conflict(expected_active_revision, active)),
+            PublishOutcome::Unchanged(stored) => {
+                traced(Some(stored.revision), None);
+                Ok(Response::new(PublishPolicyResponse {
+                    accepted: true,
+                    revision: stored.revision,
+                    version,
+                    diagnostics,
+                    changes: Vec::new(),
+                    unchanged: true,
+                }))
+            }
+            PublishOutcome::Activated(stored) => {
+                traced(Some(stored.revision), None);
+                tracing::info!(revision = stored.revision, %version, author = %caller.name, "policy published");
+                let candidate = Arc::new(Active::new(
+                    stored.revision,
+                    version.clone(),
+                    *policy,
+                    *document,
+                    catalog_version,
+                ));
+                if let Err(error) = self.state.active.refresh(store, Some(candidate)).await {
+                    // Stored and active in the store: the next poll installs it.
+                    tracing::warn!(%error, "published, but not yet installed on this replica");
+                }
+                Ok(Response::new(PublishPolicyResponse {
+                    accepted: true,
+                    revision: stored.revision,
+                    version,
+                    diagnostics,
+                    changes,
+                    unchanged: false,
+                }))
+            }
+        }
+    }
+
+    async fn get_active_policy(
+        &self,
+        request: Request<GetActivePolicyRequest>,
+    ) -> Result<Response<GetActivePolicyResponse>, Status> {
+        self.state.tokens.authorize(request.metadata(), Role::Admin)?;
+        let GetActivePolicyRequest {} = request.into_inner();
+        let stored = self
+            .state
+            .store
+            .active_policy()
+            .await
+            .map_err(|error| unavailable(&error))?
+            .ok_or_else(|| Status::not_found("no policy version is active"))?;
+        traced(Some(stored.revision), Some(&stored.version));
+        let version = convert::policy_version(&stored, true);
+        let StoredPolicy {
+            artifact, catalog, ..
+        } = stored;
+        Ok(Response::new(GetActivePolicyResponse {
+            version: Some(version),
+            artifact,
+            catalog,
+        }))
+    }
+
+    async fn list_policy_versions(
+        &self,
+        request: Request<ListPolicyVersionsRequest>,
+    ) -> Result<Response<ListPolicyVersionsResponse>, Status> {
+        self.state.tokens.authorize(request.metadata(), Role::Admin)?;
+        let ListPolicyVersionsRequest { limit } = request.into_inner();
+        let limit = if limit == 0 {
+            DEFAULT_LIST
+        } else {
+            limit.min(MAX_LIST)
+        };
+        let store = &self.state.store;
+        let active = store
+            .active_policy()
+            .await
+            .map_err(|error| unavailable(&error))?
+            .map(|stored| stored.revision);
+        let versions = store
+            .list_policies(limit)
+            .await
+            .map_err(|error| unavailable(&error))?
+            .iter()
+            .map(|stored| convert::policy_version(stored, Some(stored.revision) == active))
+            .collect();
+        Ok(Response::new(ListPolicyVersionsResponse { versions }))
+    }
+
+    async fn activate_policy(
+        &self,
+        request: Request<ActivatePolicyRequest>,
+    ) -> Result<Response<ActivatePolicyResponse>, Status> {
+        let caller = self.state.tokens.authorize(request.metadata(), Role::Admin)?;
+        let ActivatePolicyRequest {
+            revision,
+            expected_active_revision,
+        } = request.into_inner();
+        traced(Some(revision), None);
+        let store = &self.state.store;
+        let stored = store
+            .policy(revision)
+            .await
+            .map_err(|error| unavailable(&error))?
+            .ok_or_else(|| Status::not_found(format!("no stored revision {revision}")))?;
+        // Refuse to activate what this build would not run.
+        let candidate = match compile_text(stored.artifact.clone(), stored.catalog.clone()).await {
+            Compiled::Ok { policy, document, .. } => Active::new(
+                revision,
+                stored.version.clone(),
+                *policy,
+                *document,
+                catalog_label(stored.catalog.as_deref()),
+            ),
+            Compiled::Rejected { .. } | Compiled::BadCatalog(_) => {
+                return Err(Status::failed_precondition(format!(
+                    "revision {revision} does not compile with this build; it cannot be activated"
+                )));
+            }
+        };
+        let before = self.before().await?;
+        match store
+            .activate(revision, expected_active_revision)
+            .await
+            .map_err(|error| unavailable(&error))?
+        {
+            ActivateOutcome::NotFound => Err(Status::not_found(format!("no stored revision {revision}"))),
+            ActivateOutcome::Conflict { active } => Err(conflict(expected_active_revision, active)),
+            ActivateOutcome::Activated(stored) => {
+                traced(Some(stored.revision), Some(&stored.version));
+                tracing::info!(revision, author = %caller.name, "policy version activated");
+                let changes = changes(before.as_deref(), &candidate.policy);
+                if let Err(error) = self.state.active.refresh(store, Some(Arc::new(candidate))).await {
+                    tracing::warn!(%error, "activated, but not yet installed on this replica");
+                }
+                Ok(Response::new(ActivatePolicyResponse {
+                    version: Some(convert::policy_version(&stored, true)),
+                    changes,
+                }))
+            }
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! Audit partitions made ahead of time (docs/decisions/0009-audit-partitioning.md):
+//! the server prepares the current and the coming months' partitions at
+//! start-up and then every [`PREPARE_INTERVAL`], so that a month never
+//! begins without its partition. Should one still be missing (a server that
+//! slept through a month, a clock far off), the store creates it when an
+//! insert needs it; this task only keeps that off the hot path.
+
+use std::time::Duration;
+
+use crate::store::Store;
+
+use super::now_ms;
+
+/// How often the server makes sure the coming months have partitions. With
+/// two months prepared ahead, any interval far below a month will do.
+pub const PREPARE_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// Prepares the coming periods every `interval`, forever (the server aborts
+/// the task when it stops). The first round is the caller's, at start-up.
+pub async fn prepare_periodically<S: Store>(store: S, interval: Duration) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is immediate, and start-up has just prepared.
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if let Err(error) = store.prepare_audit_periods(now_ms()).await {
+            tracing::warn!(
+                %error,
+                "cannot prepare the coming months' audit partitions; inserts will create them when needed"
+            );
+        }
+    }
+}
