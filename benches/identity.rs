@@ -32,10 +32,10 @@ use std::sync::Arc;
 
 use capgate::identity::jwks::{OidcDirectory, OidcSettings};
 use capgate::identity::jwt::{self, Expected, Jwks};
-use capgate::server::active::Active;
-use capgate::server::auth::Caller;
-use capgate::server::identify::{identify, Asked};
-use capgate::server::proto::{credential, AssertedPrincipal, Attribute, Credential};
+use capgate::service::active::Active;
+use capgate::service::auth::Caller;
+use capgate::service::identify::{identify, Asked};
+use capgate::wire::proto::{credential, AssertedPrincipal, Attribute, Credential};
 use capgate_core::policy::compile;
 use capgate_core::principals::Principal;
 use criterion::{criterion_group, criterion_main, Criterion};

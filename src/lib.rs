@@ -4,7 +4,9 @@
 //! The rooms, each named for its job (docs/ARCHITECTURE.md has the map and its invariants):
 //!
 //! * [`cli`] — the `capgate` command line, one file per subcommand.
-//! * [`server`] — the gRPC decision service (`capgate serve`).
+//! * [`service`] — the decision service (`capgate serve`): one decision pipeline, its gRPC doors.
+//! * [`wire`] — the generated gRPC messages and their conversions to and from the core's types.
+//! * [`clock`] — the time, read in one place, and instants as RFC 3339 text.
 //! * [`store`] — the store port and its PostgreSQL and SQLite implementations.
 //! * [`identity`] — turning a caller's own credential into an issuer, subject and attributes.
 //! * [`telemetry`] — logs, traces and metrics.
@@ -13,7 +15,9 @@
 //! receives what it needs from here as data.
 
 pub mod cli;
+pub mod clock;
 pub mod identity;
-pub mod server;
+pub mod service;
 pub mod store;
 pub mod telemetry;
+pub mod wire;

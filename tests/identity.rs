@@ -11,12 +11,12 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use capgate::server::proto::decision_service_client::DecisionServiceClient;
-use capgate::server::proto::{
+use capgate::store::{AuditFilter, AuditRecord, SqliteStore, Store, StoreOptions};
+use capgate::wire::proto::decision_service_client::DecisionServiceClient;
+use capgate::wire::proto::{
     credential, decide_request, decide_response, list_visible_request, list_visible_response, AuthProblem,
     Credential, DecideRequest, DecideResponse, ListVisibleRequest, Outcome, ReasonCode,
 };
-use capgate::store::{AuditFilter, AuditRecord, SqliteStore, Store, StoreOptions};
 use serde_json::{json, Value};
 use support::client::principal;
 use support::oidc::{Behaviour, Endpoint, KeyType, OidcProvider, AUDIENCE};

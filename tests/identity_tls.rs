@@ -6,10 +6,8 @@
 mod support;
 
 use base64::Engine as _;
-use capgate::server::proto::decision_service_client::DecisionServiceClient;
-use capgate::server::proto::{
-    credential, decide_request, decide_response, Credential, DecideRequest, Outcome,
-};
+use capgate::wire::proto::decision_service_client::DecisionServiceClient;
+use capgate::wire::proto::{credential, decide_request, decide_response, Credential, DecideRequest, Outcome};
 use support::oidc::{KeyType, OidcProvider, AUDIENCE};
 use support::process::Serve;
 use tonic::Code;

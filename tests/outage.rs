@@ -18,10 +18,10 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use capgate::server::proto::decision_service_client::DecisionServiceClient;
-use capgate::server::proto::{DecideRequest, DecideResponse, Outcome, ReasonCode};
-use capgate::server::{self, Config, Running};
+use capgate::service::{self, Config, Running};
 use capgate::store::{AuditFilter, PostgresStore, Store, StoreOptions};
+use capgate::wire::proto::decision_service_client::DecisionServiceClient;
+use capgate::wire::proto::{DecideRequest, DecideResponse, Outcome, ReasonCode};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
@@ -67,7 +67,7 @@ impl Outage {
         config.audit_timeout = AUDIT_TIMEOUT;
         config.audit_spool = spool;
         config.poll_interval = Duration::from_millis(200);
-        let running = server::start(proxied, config).await.expect("the server starts");
+        let running = service::start(proxied, config).await.expect("the server starts");
         let channel = connect(running.addrs[0]).await;
         let published = publish(&channel, POLICY, Some(CATALOG)).await.expect("publish");
         assert!(published.accepted);

@@ -16,9 +16,9 @@ mod support;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use capgate::server::proto::decision_service_client::DecisionServiceClient;
-use capgate::server::proto::{DecideRequest, DecideResponse, ReasonCode};
 use capgate::store::{AuditFilter, CounterKey, Store};
+use capgate::wire::proto::decision_service_client::DecisionServiceClient;
+use capgate::wire::proto::{DecideRequest, DecideResponse, ReasonCode};
 use tonic::transport::Channel;
 
 use support::client::{

@@ -19,19 +19,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use capgate::server::proto::decision_service_client::DecisionServiceClient;
-use capgate::server::proto::policy_service_client::PolicyServiceClient;
-use capgate::server::proto::{
-    decide_response, list_visible_request, list_visible_response, transport, ActivatePolicyRequest,
-    AssertedPrincipal, Attribute, AuthProblem, DecideRequest, DecideResponse, GetActivePolicyRequest,
-    ListPolicyVersionsRequest, ListVisibleRequest, Outcome, PublishPolicyRequest, PublishPolicyResponse,
-    ReasonCode,
-};
-use capgate::server::{self, Config, ConfigError, PolicyFile, Running, StartError, Token};
+use capgate::service::{self, Config, ConfigError, PolicyFile, Running, StartError, Token};
 use capgate::store::{
     self, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Consumed, Counted, CounterKey,
     ExpectedRevision, NewPolicy, PostgresStore, PrunedPeriod, PublishOutcome, Remembered, SqliteStore, Store,
     StoreError, StoreOptions, StoreResult, StoredPolicy,
+};
+use capgate::wire::proto::decision_service_client::DecisionServiceClient;
+use capgate::wire::proto::policy_service_client::PolicyServiceClient;
+use capgate::wire::proto::{
+    decide_response, list_visible_request, list_visible_response, transport, ActivatePolicyRequest,
+    AssertedPrincipal, Attribute, AuthProblem, DecideRequest, DecideResponse, GetActivePolicyRequest,
+    ListPolicyVersionsRequest, ListVisibleRequest, Outcome, PublishPolicyRequest, PublishPolicyResponse,
+    ReasonCode,
 };
 use support::client::{
     ana, decision, example_with_ceiling, for_capability, for_tool, principal, recorded_code,
@@ -340,7 +340,7 @@ impl Harness {
         let mut config = Config::new(vec!["127.0.0.1:0".parse().unwrap()]);
         config.poll_interval = Duration::from_millis(200);
         adjust(&mut config);
-        let running = server::start(store.clone(), config)
+        let running = service::start(store.clone(), config)
             .await
             .expect("the server starts");
         let channel = Endpoint::from_shared(format!("http://{}", running.addrs[0]))
@@ -518,7 +518,7 @@ async fn publish_dry_run_identical_conflict_list_and_rollback(kind: Kind) {
         .into_inner();
     assert_eq!(second.revision, 2);
     // Three representatives hold `dept: support`: plain, intern, senior.
-    let calls = |side: &Option<capgate::server::proto::DecisionSummary>| {
+    let calls = |side: &Option<capgate::wire::proto::DecisionSummary>| {
         side.as_ref().and_then(|s| s.limits.as_ref()).map(|l| l.calls)
     };
     let shape: Vec<_> = second
@@ -1546,7 +1546,7 @@ async fn open_addresses_without_tokens_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let store = sqlite(&dir).await;
     let config = Config::new(vec!["127.0.0.1:0".parse().unwrap(), "0.0.0.0:0".parse().unwrap()]);
-    match server::start(store.clone(), config).await {
+    match service::start(store.clone(), config).await {
         Err(StartError::Config(ConfigError::UnauthenticatedNetwork(addr))) => {
             assert_eq!(addr, "0.0.0.0:0".parse().unwrap());
         }
@@ -1556,7 +1556,7 @@ async fn open_addresses_without_tokens_are_refused() {
     // With a token, the same addresses are fine.
     let mut config = Config::new(vec!["0.0.0.0:0".parse().unwrap()]);
     config.gateway_tokens.push(Token::new("gw", b"s"));
-    let running = server::start(store, config).await.expect("starts with tokens");
+    let running = service::start(store, config).await.expect("starts with tokens");
     running.stop().await.unwrap();
 }
 

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use capgate::server::proto::decision_service_client::DecisionServiceClient;
 use capgate::store::{AuditFilter, AuditRecord, SqliteStore, Store, StoreOptions};
+use capgate::wire::proto::decision_service_client::DecisionServiceClient;
 
 use support::client::{capped, connect, uncapped, wait_serving, CATALOG, POLICY};
 use support::postgres::TestDatabase;

@@ -22,8 +22,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use capgate::server::proto::decision_service_client::DecisionServiceClient;
-use capgate::server::proto::{
+use capgate::wire::proto::decision_service_client::DecisionServiceClient;
+use capgate::wire::proto::{
     list_visible_request, list_visible_response, DecideRequest, DecideResponse, ListVisibleRequest,
     ListVisibleResponse,
 };
@@ -97,7 +97,7 @@ async fn decide(channel: &Channel, request: DecideRequest) -> DecideResponse {
         .into_inner()
 }
 
-fn list_request(who: capgate::server::proto::AssertedPrincipal) -> ListVisibleRequest {
+fn list_request(who: capgate::wire::proto::AssertedPrincipal) -> ListVisibleRequest {
     ListVisibleRequest {
         caller: Some(list_visible_request::Caller::Principal(who)),
         request_id: String::new(),

@@ -10,8 +10,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use capgate::server::proto::decision_service_client::DecisionServiceClient;
-use capgate::server::proto::ReasonCode;
+use capgate::wire::proto::decision_service_client::DecisionServiceClient;
+use capgate::wire::proto::ReasonCode;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose,

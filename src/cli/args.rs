@@ -10,7 +10,8 @@ use capgate_core::access::Instant;
 use capgate_core::policy::CompiledPolicy;
 use capgate_core::principals::{resolve_asserted, AuthProblem, IssuerKind, Resolution};
 
-use super::{instant, Failure};
+use super::Failure;
+use crate::clock;
 
 /// `--catalog` and `--json`, which every dry-run command but `schema` takes.
 #[derive(Debug, clap::Args)]
@@ -172,7 +173,7 @@ pub fn parse_attr(text: &str) -> Result<Attr, String> {
 
 /// `--at` and `--window-start`.
 pub fn parse_instant(text: &str) -> Result<Instant, String> {
-    instant::parse(text)
+    clock::parse(text)
 }
 
 /// `--usage N|unknown|none`.

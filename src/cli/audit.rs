@@ -13,12 +13,13 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
-use crate::server::audit::record_json;
+use crate::service::audit::record_json;
 use crate::store::{AnyStore, AuditFilter, AuditRecord, Store};
 
 use super::args::parse_instant;
 use super::remote::{runtime, Database};
-use super::{instant, Exit, Failure, Outcome};
+use super::{Exit, Failure, Outcome};
+use crate::clock;
 
 #[derive(Debug, clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -135,7 +136,7 @@ fn human(records: &[AuditRecord]) -> String {
         });
         let mut line = format!(
             "{}  {kind:6}  {outcome:15}  {:24}  {who}  {}",
-            instant::format(*at_ms),
+            clock::format(*at_ms),
             code.as_deref().unwrap_or("-"),
             capability.as_deref().unwrap_or("-"),
         );

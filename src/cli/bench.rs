@@ -44,14 +44,14 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 use uuid::Uuid;
 
-use crate::server::proto::decision_service_client::DecisionServiceClient;
-use crate::server::proto::policy_service_client::PolicyServiceClient;
-use crate::server::proto::{
+use crate::service::{self, Config, PolicyFile, Running};
+use crate::store::{AnyStore, AuditRecord, PostgresStore, SqliteStore, Store, StoreOptions};
+use crate::wire::proto::decision_service_client::DecisionServiceClient;
+use crate::wire::proto::policy_service_client::PolicyServiceClient;
+use crate::wire::proto::{
     decide_request, decide_response, AssertedPrincipal, Attribute, DecideRequest, Outcome as DecisionOutcome,
     PublishPolicyRequest, ReasonCode,
 };
-use crate::server::{self, Config, PolicyFile, Running};
-use crate::store::{AnyStore, AuditRecord, PostgresStore, SqliteStore, Store, StoreOptions};
 
 use super::remote::{parse_duration, read_token, runtime};
 use super::{to_json, Exit, Failure, Outcome};
@@ -622,7 +622,7 @@ fn bench_over<S: Store>(
                 catalog: None,
             });
             let running = server_runtime
-                .block_on(server::start(store.clone(), config))
+                .block_on(service::start(store.clone(), config))
                 .map_err(|error| Failure::Input(format!("the server did not start: {error}")))?;
             let url = format!("http://{}", running.addrs[0]);
             (
@@ -961,7 +961,7 @@ async fn append_batches<S: Store>(store: S, rows: usize, window: Window) -> Tall
 fn audit_row(sequence: usize) -> AuditRecord {
     AuditRecord {
         decision_id: Uuid::now_v7().to_string(),
-        at_ms: crate::cli::now_ms(),
+        at_ms: crate::clock::now(),
         request_id: None,
         gateway: "loopback".to_owned(),
         kind: "decide".to_owned(),

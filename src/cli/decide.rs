@@ -8,9 +8,9 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
-use crate::server::convert;
-use crate::server::proto::decision_service_client::DecisionServiceClient;
-use crate::server::proto::{
+use crate::wire::convert;
+use crate::wire::proto::decision_service_client::DecisionServiceClient;
+use crate::wire::proto::{
     credential, decide_request, decide_response, transport, Account, AssertedPrincipal, Attribute,
     Credential, DecideRequest, DecideResponse, Decision, Limits, Outcome as ProtoOutcome, Position, Reason,
     Tool, Transport, Unauthenticated, UnknownTool,
@@ -20,7 +20,8 @@ use capgate_core::principals::AuthProblem;
 
 use super::args::{Asserted, Attr};
 use super::remote::{runtime, status_failure, Server};
-use super::{instant, Exit, Failure, Outcome};
+use super::{Exit, Failure, Outcome};
+use crate::clock;
 
 #[derive(Debug, clap::Args)]
 #[command(group = clap::ArgGroup::new("target").required(true).args(["capability", "tool"]))]
@@ -133,7 +134,7 @@ fn problem_name(problem: i32) -> &'static str {
 }
 
 fn at_text(timestamp: Option<&prost_types::Timestamp>) -> String {
-    timestamp.map_or_else(String::new, |t| instant::format(convert::millis(t)))
+    timestamp.map_or_else(String::new, |t| clock::format(convert::millis(t)))
 }
 
 fn human(response: &DecideResponse) -> String {

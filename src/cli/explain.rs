@@ -17,7 +17,8 @@ use capgate_core::principals::{AuthProblem, Resolution};
 
 use super::args::{parse_instant, parse_usage, Asserted, Common, LocalKeys, UsageArg};
 use super::input::{Inputs, Loaded};
-use super::{instant, json, render, validate, Exit, Failure, Outcome};
+use super::{json, render, validate, Exit, Failure, Outcome};
+use crate::clock;
 
 #[derive(Debug, clap::Args)]
 #[command(group = clap::ArgGroup::new("asked").required(true).args(["capability", "tool"]))]
@@ -81,7 +82,7 @@ struct Explanation<'a> {
 }
 
 pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
-    let at = args.at.unwrap_or_else(instant::now);
+    let at = args.at.unwrap_or_else(clock::now);
     let usage = args.usage(at)?;
     let source = inputs.policy(&args.policy)?;
     let catalog = inputs.catalog(args.common.catalog.as_deref())?;
@@ -170,7 +171,7 @@ fn to_json(loaded: &Loaded, document: Option<&Document>, explanation: &Explanati
     };
     json!({
         "policy": json::policy(&loaded.source, &loaded.compilation.version),
-        "at": instant::format(*at),
+        "at": clock::format(*at),
         "usage": json::usage(*usage),
         "principal": principal,
         "discarded": discarded,
@@ -213,7 +214,7 @@ fn human(loaded: &Loaded, document: Option<&Document>, explanation: &Explanation
         }
         _ => {}
     }
-    let _ = writeln!(out, "at         {}", instant::format(*at));
+    let _ = writeln!(out, "at         {}", clock::format(*at));
     let _ = writeln!(out, "usage      {}", usage_text(*usage));
     out.push('\n');
     if *unknown_tool {
@@ -258,9 +259,9 @@ fn usage_text(usage: Usage) -> String {
         Usage::Counted {
             calls: 1,
             window_start,
-        } => format!("1 call counted since {}", instant::format(window_start)),
+        } => format!("1 call counted since {}", clock::format(window_start)),
         Usage::Counted { calls, window_start } => {
-            format!("{calls} calls counted since {}", instant::format(window_start))
+            format!("{calls} calls counted since {}", clock::format(window_start))
         }
         Usage::Unknown => "unknown (the counter store failed)".to_owned(),
         Usage::NotConsulted => "not consulted (ceilings are not evaluated)".to_owned(),

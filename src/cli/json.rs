@@ -7,16 +7,16 @@
 //! Members keep the order the spec lists them in (`serde_json` is built with
 //! `preserve_order`).
 
-use serde_json::{json, Map, Number, Value};
+use serde_json::{json, Map, Value};
 
 use capgate_core::access::{Allow, Decision, Limits, Reason, Summary, Usage};
 use capgate_core::accounts::AccountRef;
-use capgate_core::capabilities::{PlainValue, ToolDescriptor};
+use capgate_core::capabilities::ToolDescriptor;
 use capgate_core::policy::{Diagnostic, Document, Position, Related};
 use capgate_core::principals::{AuthProblem, Principal};
 
 use super::input::Source;
-use super::instant;
+use crate::clock;
 
 /// `policy = {"origin", "version"}`.
 pub fn policy(source: &Source, version: &str) -> Value {
@@ -156,38 +156,8 @@ pub fn listed_tool(tool: &ToolDescriptor) -> Value {
         "name": name,
         "capability": capability,
         "description": description,
-        "input_schema": input_schema.as_ref().map_or(Value::Null, plain),
+        "input_schema": input_schema.as_ref().map_or(Value::Null, crate::wire::plain::json),
     })
-}
-
-/// A catalog value (an `inputSchema`) as JSON. Numbers JSON cannot carry
-/// (`.nan`, `.inf`) become `null`; integers beyond 64 bits become doubles.
-pub fn plain(value: &PlainValue) -> Value {
-    match value {
-        PlainValue::Null => Value::Null,
-        PlainValue::Bool(flag) => Value::Bool(*flag),
-        PlainValue::Integer(integer) => {
-            if let Ok(small) = i64::try_from(*integer) {
-                Value::Number(small.into())
-            } else if let Ok(large) = u64::try_from(*integer) {
-                Value::Number(large.into())
-            } else {
-                // Precision loss is the JSON data model's, and intended.
-                #[allow(clippy::cast_precision_loss)]
-                let approximate = *integer as f64;
-                Number::from_f64(approximate).map_or(Value::Null, Value::Number)
-            }
-        }
-        PlainValue::Float(float) => Number::from_f64(*float).map_or(Value::Null, Value::Number),
-        PlainValue::String(text) => Value::String(text.clone()),
-        PlainValue::Array(items) => Value::Array(items.iter().map(plain).collect()),
-        PlainValue::Object(entries) => Value::Object(
-            entries
-                .iter()
-                .map(|(key, value)| (key.clone(), plain(value)))
-                .collect::<Map<_, _>>(),
-        ),
-    }
 }
 
 /// The usage state `explain` evaluated with.
@@ -196,7 +166,7 @@ pub fn usage(usage: Usage) -> Value {
         Usage::Counted { calls, window_start } => json!({
             "state": "counted",
             "calls": calls,
-            "window_start": instant::format(window_start),
+            "window_start": clock::format(window_start),
         }),
         Usage::Unknown => json!({"state": "unknown"}),
         Usage::NotConsulted => json!({"state": "not_consulted"}),
@@ -289,20 +259,6 @@ mod tests {
         assert_eq!(
             summary(&allow),
             json!({"outcome": "allow", "code": "granted", "account": "a", "limits": null})
-        );
-    }
-
-    #[test]
-    fn catalog_values_that_json_cannot_carry_become_null() {
-        assert_eq!(plain(&PlainValue::Float(f64::NAN)), Value::Null);
-        assert_eq!(plain(&PlainValue::Integer(i128::from(u64::MAX))), json!(u64::MAX));
-        assert_eq!(plain(&PlainValue::Integer(-3)), json!(-3));
-        assert_eq!(
-            plain(&PlainValue::Object(vec![
-                ("b".into(), PlainValue::Bool(true)),
-                ("a".into(), PlainValue::Null)
-            ])),
-            json!({"b": true, "a": null})
         );
     }
 }

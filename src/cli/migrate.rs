@@ -6,7 +6,8 @@
 use crate::store::{self, AnyStore, Store, StoreError};
 
 use super::remote::{runtime, Database};
-use super::{instant, Exit, Failure, Outcome};
+use super::{Exit, Failure, Outcome};
+use crate::clock;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -16,7 +17,7 @@ pub struct Args {
 
 pub fn run(args: &Args) -> Result<Outcome, Failure> {
     runtime()?.block_on(async {
-        let now = instant::now();
+        let now = clock::now();
         let migrated = match args.database.open().await? {
             AnyStore::Postgres(store) => migrate(&store, now).await,
             AnyStore::Sqlite(store) => migrate(&store, now).await,

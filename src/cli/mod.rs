@@ -20,7 +20,6 @@ mod decide;
 mod diff;
 mod explain;
 mod input;
-mod instant;
 mod json;
 mod migrate;
 mod policies;
@@ -40,9 +39,6 @@ use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};
 
 use input::Inputs;
-
-pub(crate) use instant::now as now_ms;
-pub(crate) use json::plain as plain_json;
 
 /// capgate: which tools an AI agent may see and call, as which account, under
 /// which ceiling — and why. These commands answer from the policy file alone.

@@ -4,14 +4,15 @@
 
 use std::fmt::Write as _;
 
-use crate::server::convert;
-use crate::server::proto::policy_service_client::PolicyServiceClient;
-use crate::server::proto::{
+use crate::wire::convert;
+use crate::wire::proto::policy_service_client::PolicyServiceClient;
+use crate::wire::proto::{
     ActivatePolicyRequest, ActivatePolicyResponse, ListPolicyVersionsRequest, PolicyVersion,
 };
 
 use super::remote::{runtime, status_failure, Server};
-use super::{instant, publish, Exit, Failure, Outcome};
+use super::{publish, Exit, Failure, Outcome};
+use crate::clock;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -78,7 +79,7 @@ fn list(limit: u32, server: &Server) -> Result<Outcome, Failure> {
         } = version;
         let created = created_at
             .as_ref()
-            .map_or_else(String::new, |at| instant::format(convert::millis(at)));
+            .map_or_else(String::new, |at| clock::format(convert::millis(at)));
         let mark = if *active { "*" } else { " " };
         let line = format!("{mark} {revision:>5}  {created:24}  {version}  {author}  {comment}");
         let _ = writeln!(out, "{}", line.trim_end());

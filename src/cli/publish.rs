@@ -10,9 +10,9 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use crate::server::convert;
-use crate::server::proto::policy_service_client::PolicyServiceClient;
-use crate::server::proto::{DecisionChange, Diagnostic, PublishPolicyRequest, PublishPolicyResponse};
+use crate::wire::convert;
+use crate::wire::proto::policy_service_client::PolicyServiceClient;
+use crate::wire::proto::{DecisionChange, Diagnostic, PublishPolicyRequest, PublishPolicyResponse};
 use capgate_core::policy::Document;
 
 use super::input::{Inputs, Source};

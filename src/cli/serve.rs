@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::server::{self, Config, ConfigError, PolicyFile, StartError, Tls, Token};
+use crate::service::{self, Config, ConfigError, PolicyFile, StartError, Tls, Token};
 use crate::telemetry::{self, Telemetry, TelemetryError};
 
 use super::input::{Inputs, Loaded};
@@ -136,7 +136,7 @@ pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
             TelemetryError::Config(problem) => Failure::Usage(problem),
             bind @ TelemetryError::Bind { .. } => Failure::Input(bind.to_string()),
         })?;
-        let served = server::run(&args.database.database_url, config, shutdown_signal()).await;
+        let served = service::run(&args.database.database_url, config, shutdown_signal()).await;
         telemetry.shutdown().await;
         served.map_err(|error| match error {
             StartError::Config(error) => Failure::Usage(error.to_string()),

@@ -49,9 +49,7 @@ pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
         ));
     };
     // A credential's `exp` and `nbf` are checked now.
-    let resolution = args
-        .principal
-        .resolve(policy, super::instant::now(), &args.keys)?;
+    let resolution = args.principal.resolve(policy, crate::clock::now(), &args.keys)?;
     let listing = list(policy, resolution);
     let stdout = if args.common.json {
         super::to_json(&to_json(&loaded, &listing))

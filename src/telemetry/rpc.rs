@@ -28,8 +28,8 @@ use tracing::field::Empty;
 use tracing::{Instrument, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::server::proto::{list_visible_response, ListVisibleResponse};
 use crate::store::AuditRecord;
+use crate::wire::proto::{list_visible_response, ListVisibleResponse};
 
 use super::metrics::metrics;
 
@@ -46,8 +46,7 @@ struct Rpc {
 fn rpcs() -> &'static [(&'static str, Rpc)] {
     static RPCS: OnceLock<Vec<(&'static str, Rpc)>> = OnceLock::new();
     RPCS.get_or_init(|| {
-        let Ok(set) = prost_types::FileDescriptorSet::decode(crate::server::proto::FILE_DESCRIPTOR_SET)
-        else {
+        let Ok(set) = prost_types::FileDescriptorSet::decode(crate::wire::proto::FILE_DESCRIPTOR_SET) else {
             return Vec::new();
         };
         let mut found = Vec::new();

@@ -5,8 +5,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use capgate::server::proto::policy_service_client::PolicyServiceClient;
-use capgate::server::proto::{
+use capgate::wire::proto::policy_service_client::PolicyServiceClient;
+use capgate::wire::proto::{
     decide_request, decide_response, AssertedPrincipal, Attribute, DecideRequest, DecideResponse, Decision,
     Outcome, PublishPolicyRequest, PublishPolicyResponse, ReasonCode,
 };

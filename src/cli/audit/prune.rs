@@ -15,15 +15,15 @@ use serde_json::{json, Value};
 
 use crate::store::{retention, AnyStore, PrunedPeriod, Store};
 
-use super::super::instant;
 use super::super::remote::{runtime, Database};
 use super::super::{to_json, Exit, Failure, Outcome};
+use crate::clock;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Drop the months that end at or before this instant (RFC 3339, or a
     /// date `YYYY-MM-DD` for its midnight UTC); the month holding it is kept.
-    #[arg(long, value_name = "T", value_parser = instant::parse_instant_or_date)]
+    #[arg(long, value_name = "T", value_parser = clock::parse_instant_or_date)]
     pub before: i64,
     /// Print what would be dropped, and drop nothing.
     #[arg(long)]
@@ -37,10 +37,10 @@ pub struct Args {
 
 pub fn run(args: &Args) -> Result<Outcome, Failure> {
     let before = args.before;
-    if before > instant::now() {
+    if before > clock::now() {
         return Err(Failure::Usage(format!(
             "`--before {}` is in the future: a prune only drops months that are over",
-            instant::format(before)
+            clock::format(before)
         )));
     }
     let pruned = runtime()?.block_on(async {
@@ -68,15 +68,15 @@ fn human(before: i64, dry_run: bool, pruned: &[PrunedPeriod]) -> String {
             until_ms,
             records,
         } = period;
-        let from = from_ms.map_or_else(|| "…".to_owned(), instant::format);
+        let from = from_ms.map_or_else(|| "…".to_owned(), clock::format);
         let _ = writeln!(
             out,
             "{verb} {name}  [{from}, {})  {records} record(s)",
-            instant::format(*until_ms)
+            clock::format(*until_ms)
         );
     }
     let total: u64 = pruned.iter().map(|period| period.records).sum();
-    let cutoff = instant::format(before);
+    let cutoff = clock::format(before);
     match (pruned.is_empty(), dry_run) {
         (true, _) => {
             let _ = writeln!(
@@ -99,7 +99,7 @@ fn human(before: i64, dry_run: bool, pruned: &[PrunedPeriod]) -> String {
         let _ = writeln!(
             out,
             "kept whole: the month from {} holds {cutoff}, and everything after it",
-            instant::format(kept)
+            clock::format(kept)
         );
     }
     out
@@ -117,16 +117,16 @@ fn document(before: i64, dry_run: bool, pruned: &[PrunedPeriod]) -> Value {
             } = period;
             json!({
                 "name": name,
-                "from": from_ms.map(instant::format),
-                "until": instant::format(*until_ms),
+                "from": from_ms.map(clock::format),
+                "until": clock::format(*until_ms),
                 "records": records,
             })
         })
         .collect();
     json!({
-        "before": instant::format(before),
+        "before": clock::format(before),
         "dry_run": dry_run,
-        "kept_from": retention::prune_cutoff(before).map(instant::format),
+        "kept_from": retention::prune_cutoff(before).map(clock::format),
         "dropped": periods,
         "records": pruned.iter().map(|period| period.records).sum::<u64>(),
     })

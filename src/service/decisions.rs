@@ -24,14 +24,15 @@ use capgate_core::principals::Principal;
 
 use super::active::Active;
 use super::auth::{Caller, Role};
-use super::convert::{self, Standing};
 use super::identify::{identify, Asked};
-use super::proto::{
+use super::{bounds, State};
+use crate::clock::now as now_ms;
+use crate::wire::convert::{self, Standing};
+use crate::wire::proto::{
     decide_request, decide_response, decision_service_server::DecisionService, list_visible_request,
     list_visible_response, DecideRequest, DecideResponse, ListVisibleRequest, ListVisibleResponse,
     Unauthenticated, UnknownTool, Visible, VisibleCapability,
 };
-use super::{limits, now_ms, State};
 
 /// How long a remembered response answers a retry with the same `request_id`.
 pub const IDEMPOTENCY_RETENTION_MS: i64 = 24 * 60 * 60 * 1000;
@@ -56,7 +57,7 @@ impl<S: Store> DecisionService for Decisions<S> {
     async fn decide(&self, request: Request<DecideRequest>) -> Result<Response<DecideResponse>, Status> {
         let caller = self.state.tokens.authorize(request.metadata(), Role::Gateway)?;
         let request = request.into_inner();
-        limits::decide(&request)?;
+        bounds::decide(&request)?;
         let active = self.state.current()?;
         if request.request_id.is_empty() {
             return decide(&self.state, &caller, &active, request)
@@ -84,7 +85,7 @@ impl<S: Store> DecisionService for Decisions<S> {
     ) -> Result<Response<ListVisibleResponse>, Status> {
         let caller = self.state.tokens.authorize(request.metadata(), Role::Gateway)?;
         let request = request.into_inner();
-        limits::list_visible(&request)?;
+        bounds::list_visible(&request)?;
         let active = self.state.current()?;
         list(&self.state, &caller, &active, request)
             .await
@@ -149,7 +150,7 @@ async fn decide<S: Store>(
     let asked = match &request.caller {
         Some(decide_request::Caller::Principal(principal)) => Asked::Principal(principal),
         Some(decide_request::Caller::Credential(credential)) => Asked::Credential(credential),
-        // `limits::decide` refused this already.
+        // `bounds::decide` refused this already.
         None => return Err(Status::invalid_argument("`caller`: required")),
     };
     let identity = identify(&state.oidc, active, caller, asked, at).await?;
@@ -482,7 +483,7 @@ async fn list<S: Store>(
         record.limit_per = item.limits.map(|limits| limits.per.clone());
         capabilities.push(VisibleCapability {
             capability: item.capability.id.clone(),
-            account: Some(super::proto::Account {
+            account: Some(crate::wire::proto::Account {
                 id: item.account.id.clone(),
                 secret_ref: active
                     .policy

@@ -1,6 +1,7 @@
-//! Instants on the command line (cli.md, "Common inputs"): the strict RFC 3339
-//! form `--at` and `--window-start` accept, the UTC form every output uses,
-//! and the clock that supplies the default.
+//! The clock, and instants as text: [`now`] is the one place the product reads the time (the
+//! service stamps every decision with it, the command line uses it as the default `--at`); the
+//! strict RFC 3339 form `--at` and `--window-start` accept (cli.md, "Common inputs") and the UTC
+//! form every output uses.
 //!
 //! The grammar is lexed by hand so that exactly the spec's shape is accepted
 //! (`time`'s own RFC 3339 parser also takes leap seconds, which we refuse);
@@ -124,7 +125,7 @@ pub fn format(instant: Instant) -> String {
     }
 }
 
-/// The current instant, truncated to milliseconds.
+/// The current instant in milliseconds since the Unix epoch, truncated.
 pub fn now() -> Instant {
     use std::time::{SystemTime, UNIX_EPOCH};
     let millis = |ms: u128| Instant::try_from(ms).unwrap_or(Instant::MAX);

@@ -21,7 +21,7 @@
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
-use super::proto::{
+use crate::wire::proto::{
     credential, decide_request, list_visible_request, AssertedPrincipal, Credential, DecideRequest,
     ListVisibleRequest, PublishPolicyRequest,
 };
@@ -191,8 +191,8 @@ pub fn publish(request: &PublishPolicyRequest) -> Result<(), Status> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::proto::Attribute;
     use super::*;
+    use crate::wire::proto::Attribute;
 
     fn principal(subject: &str, attributes: Vec<Attribute>) -> Option<decide_request::Caller> {
         Some(decide_request::Caller::Principal(AssertedPrincipal {

@@ -343,7 +343,7 @@ impl Spool {
             self.sequence += 1;
             let name = format!(
                 "{SPOOL_PREFIX}{:020}-{:06}{SPOOL_SUFFIX}",
-                crate::cli::now_ms().max(0),
+                crate::clock::now().max(0),
                 self.sequence
             );
             let path = self.dir.join(name);

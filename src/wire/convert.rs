@@ -250,7 +250,7 @@ pub fn visible_tool(tool: &ToolDescriptor) -> proto::VisibleTool {
         description: description.clone().unwrap_or_default(),
         input_schema_json: input_schema
             .as_ref()
-            .map(|schema| crate::cli::plain_json(schema).to_string())
+            .map(|schema| super::plain::json(schema).to_string())
             .unwrap_or_default(),
     }
 }

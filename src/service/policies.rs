@@ -19,13 +19,15 @@ use capgate_core::policy::{version_label, CompiledPolicy};
 
 use super::active::{compile_text, Active, Compiled, RefreshError};
 use super::auth::Role;
-use super::proto::policy_service_server::PolicyService;
-use super::proto::{
+use super::{bounds, State};
+use crate::clock::now as now_ms;
+use crate::wire::convert;
+use crate::wire::proto::policy_service_server::PolicyService;
+use crate::wire::proto::{
     ActivatePolicyRequest, ActivatePolicyResponse, DecisionChange, GetActivePolicyRequest,
     GetActivePolicyResponse, ListPolicyVersionsRequest, ListPolicyVersionsResponse, PublishPolicyRequest,
     PublishPolicyResponse,
 };
-use super::{convert, limits, now_ms, State};
 
 /// `ListPolicyVersions` without a limit.
 const DEFAULT_LIST: u32 = 100;
@@ -107,7 +109,7 @@ impl<S: Store> PolicyService for Policies<S> {
     ) -> Result<Response<PublishPolicyResponse>, Status> {
         let caller = self.state.tokens.authorize(request.metadata(), Role::Admin)?;
         let request = request.into_inner();
-        limits::publish(&request)?;
+        bounds::publish(&request)?;
         let PublishPolicyRequest {
             artifact,
             catalog,

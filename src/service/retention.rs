@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::store::Store;
 
-use super::now_ms;
+use crate::clock::now as now_ms;
 
 /// How often the server makes sure the coming months have partitions. With
 /// two months prepared ahead, any interval far below a month will do.

@@ -25,7 +25,7 @@ use capgate_core::principals::{resolve_asserted, AuthProblem, Issuer, IssuerKind
 
 use super::active::Active;
 use super::auth::Caller;
-use super::proto::{credential, AssertedPrincipal, Credential};
+use crate::wire::proto::{credential, AssertedPrincipal, Credential};
 
 /// How the caller was named in the request.
 #[derive(Clone, Copy)]

@@ -24,12 +24,12 @@ pub mod active;
 pub mod audit;
 pub mod auth;
 pub mod config;
-pub mod convert;
+
+pub mod bounds;
 pub mod decisions;
 pub mod identify;
-pub mod limits;
 pub mod policies;
-pub mod proto;
+
 pub mod retention;
 
 use std::future::Future;
@@ -49,14 +49,14 @@ use tonic_health::ServingStatus;
 use crate::identity::jwks::OidcDirectory;
 use crate::store::{self, NewPolicy, PublishOutcome, Store, StoreError, StoreOptions};
 
+use crate::wire::proto::decision_service_server::DecisionServiceServer;
+use crate::wire::proto::policy_service_server::PolicyServiceServer;
 use active::{compile_text, Active, ActivePolicy, Compiled};
 use audit::{AuditOptions, AuditWriter};
 use auth::Tokens;
 pub use config::{Config, ConfigError, PolicyFile, Tls, Token};
 use decisions::{Decisions, Turns};
 use policies::Policies;
-use proto::decision_service_server::DecisionServiceServer;
-use proto::policy_service_server::PolicyServiceServer;
 
 /// The author recorded for a version published by `serve --policy`.
 pub const STARTUP_AUTHOR: &str = "serve --policy";
@@ -64,11 +64,6 @@ pub const STARTUP_AUTHOR: &str = "serve --policy";
 /// The largest `Decide`/`ListVisible` message: every bound in `limits.rs`
 /// at its maximum fits.
 const MAX_DECISION_MESSAGE: usize = 5 * 1024 * 1024;
-
-/// The current instant in milliseconds since the Unix epoch.
-pub(crate) fn now_ms() -> i64 {
-    crate::cli::now_ms()
-}
 
 /// What every request handler shares.
 pub struct State<S: Store> {
@@ -204,7 +199,7 @@ async fn serve_until<S: Store>(
 pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartError> {
     config.check()?;
     store.migrate().await?;
-    store.prepare_audit_periods(now_ms()).await?;
+    store.prepare_audit_periods(crate::clock::now()).await?;
 
     if let Some(file) = &config.policy {
         publish_startup_file(&store, file).await?;
@@ -295,7 +290,7 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
             .map_err(|error| StartError::Tls(error.to_string()))?;
     }
     let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(crate::wire::proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|error| StartError::Active(format!("reflection: {error}")))?;
@@ -310,7 +305,7 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
         )
         .add_service(
             PolicyServiceServer::new(Policies::new(state.clone()))
-                .max_decoding_message_size(limits::MAX_MESSAGE_BYTES),
+                .max_decoding_message_size(bounds::MAX_MESSAGE_BYTES),
         );
     // Spawned once nothing can fail any more, so a start that fails leaves
     // no task behind.
@@ -364,7 +359,7 @@ async fn publish_startup_file<S: Store>(store: &S, file: &PolicyFile) -> Result<
                 catalog: catalog.clone(),
                 author: STARTUP_AUTHOR.to_owned(),
                 comment: "published at start-up".to_owned(),
-                created_at_ms: now_ms(),
+                created_at_ms: crate::clock::now(),
             };
             match store.publish(new, None).await? {
                 PublishOutcome::Activated(stored) => {

@@ -26,8 +26,8 @@ use capgate_core::capabilities::Catalog;
 use capgate_core::policy::{compile, load_catalog, CompiledPolicy, Diagnostic, Document};
 use capgate_core::principals::Issuer;
 
-use super::proto::decision_service_server::DecisionServiceServer;
-use super::proto::policy_service_server::PolicyServiceServer;
+use crate::wire::proto::decision_service_server::DecisionServiceServer;
+use crate::wire::proto::policy_service_server::PolicyServiceServer;
 
 /// A compiled, active version.
 #[derive(Debug)]

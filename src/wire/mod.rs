@@ -1,0 +1,7 @@
+//! The wire: capgate's gRPC messages (generated from `proto/capgate/v1/`) and the conversions
+//! between them and the core's types. The command line's client, the decision service and
+//! telemetry all speak through this room; it knows nothing of any of them.
+
+pub mod convert;
+pub mod plain;
+pub mod proto;
