@@ -6,7 +6,7 @@
 //! token's bytes (the cost of touching it at all).
 //!
 //! `decide_identity`: what a bearer token adds to one `Decide`, as the service runs it
-//! — through the service's own `server::identify::identify`. Baseline: a trusted gateway asserting
+//! — through the service's own `service::identify::identify`. Baseline: a trusted gateway asserting
 //! the issuer, subject and attributes the token carries. Credential path: the token with the issuer
 //! hint (`bearer/…`) and without it (`bearer_no_hint/…`, the issuer found from `iss`): peek, the
 //! candidates, a warm-cache key-set hit, verify, then the claims mapped through the core. The discovery document and key set are served once over loopback HTTP by the
@@ -32,10 +32,10 @@ use std::sync::Arc;
 
 use capgate::identity::jwks::{OidcDirectory, OidcSettings};
 use capgate::identity::jwt::{self, Expected, Jwks};
+use capgate::identity::Presented;
 use capgate::service::active::Active;
-use capgate::service::auth::Caller;
-use capgate::service::identify::{identify, Asked};
-use capgate::wire::proto::{credential, AssertedPrincipal, Attribute, Credential};
+use capgate::service::auth::Gateway;
+use capgate::service::identify::{identify, Asked, AssertedCaller};
 use capgate_core::policy::compile;
 use capgate_core::principals::Principal;
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -175,8 +175,8 @@ grants: []
 async fn principal_of(
     directory: &Arc<OidcDirectory>,
     active: &Active,
-    gateway: &Caller,
-    asked: Asked<'_>,
+    gateway: &Gateway,
+    asked: &Asked<'_>,
 ) -> Option<Principal> {
     identify(directory, active, gateway, asked, AT_MS)
         .await
@@ -197,7 +197,7 @@ fn decide_identity(c: &mut Criterion) {
         panic!("the bench policy does not compile: {:?}", compiled.diagnostics);
     };
     let active = Active::new(1, "bench".into(), policy, document, None);
-    let gateway = Caller {
+    let gateway = Gateway {
         name: "gw".into(),
         admin: false,
         may_assert: true,
@@ -210,55 +210,42 @@ fn decide_identity(c: &mut Criterion) {
         "jti": "0b6c1a0e-3c55-4d4e-9f5e-8a7c2e1d9b41", "scope": "openid mcp:tools",
         "team": "billing", "groups": ["agents"], "tier": 2,
     });
-    let credential = |token: String, hint: &str| Credential {
-        kind: Some(credential::Kind::BearerToken(token)),
-        issuer: hint.to_owned(),
-    };
     // Per algorithm: the token with the issuer hint, and without it (the issuer found from `iss`).
-    let tokens: Vec<(&str, Credential, Credential)> = [
+    let minted: Vec<(&str, String)> = [
         ("RS256", oidc::KeyType::Rsa),
         ("ES256", oidc::KeyType::P256),
         ("EdDSA", oidc::KeyType::Ed25519),
     ]
     .into_iter()
-    .map(|(name, key_type)| {
-        let token = idp.mint(&idp.kid(key_type), &claims);
-        (name, credential(token.clone(), "agents"), credential(token, ""))
-    })
+    .map(|(name, key_type)| (name, idp.mint(&idp.kid(key_type), &claims)))
     .collect();
+    let credential = |token: &'static str, hint: Option<&'static str>| Asked::Credential {
+        presented: Some(Presented::BearerToken(token)),
+        hint,
+    };
+    let tokens: Vec<(&str, Asked<'static>, Asked<'static>)> = minted
+        .into_iter()
+        .map(|(name, token)| {
+            // The bench runs to the end of the process: leaking one token per algorithm is fine.
+            let token: &'static str = Box::leak(token.into_boxed_str());
+            (name, credential(token, Some("agents")), credential(token, None))
+        })
+        .collect();
     // What a trusted gateway would assert for the same caller.
-    let attribute = |name: &str, value: &str| Attribute {
-        name: name.into(),
-        values: vec![value.into()],
-    };
-    let asserted = AssertedPrincipal {
-        issuer: "agents".into(),
-        subject: "agent-7f3c9a".into(),
-        attributes: vec![
-            attribute("team", "billing"),
-            attribute("tier", "2"),
-            attribute("groups", "agents"),
-        ],
-    };
+    let asserted = Asked::Principal(AssertedCaller {
+        issuer: "agents",
+        subject: "agent-7f3c9a",
+        attributes: vec![("team", "billing"), ("tier", "2"), ("groups", "agents")],
+    });
 
     // Warm the cache (one discovery and one key-set fetch), and check that every path agrees.
     let expected = rt
-        .block_on(principal_of(
-            &directory,
-            &active,
-            &gateway,
-            Asked::Principal(&asserted),
-        ))
+        .block_on(principal_of(&directory, &active, &gateway, &asserted))
         .expect("the asserted principal");
     assert_eq!(expected.attributes.len(), 3, "{expected:?}");
     for (name, hinted, found) in &tokens {
         for credential in [hinted, found] {
-            let principal = rt.block_on(principal_of(
-                &directory,
-                &active,
-                &gateway,
-                Asked::Credential(credential),
-            ));
+            let principal = rt.block_on(principal_of(&directory, &active, &gateway, credential));
             assert_eq!(principal.as_ref(), Some(&expected), "{name}");
         }
     }
@@ -274,20 +261,17 @@ fn decide_identity(c: &mut Criterion) {
         b.to_async(&rt).iter(|| async { black_box(()) })
     });
     group.bench_function("asserted", |b| {
-        b.to_async(&rt).iter(|| async {
-            principal_of(directory, active, gateway, Asked::Principal(black_box(&asserted))).await
-        })
+        b.to_async(&rt)
+            .iter(|| async { principal_of(directory, active, gateway, black_box(&asserted)).await })
     });
     for (name, hinted, found) in &tokens {
         group.bench_function(format!("bearer/{name}"), |b| {
-            b.to_async(&rt).iter(|| async move {
-                principal_of(directory, active, gateway, Asked::Credential(black_box(hinted))).await
-            })
+            b.to_async(&rt)
+                .iter(|| async move { principal_of(directory, active, gateway, black_box(hinted)).await })
         });
         group.bench_function(format!("bearer_no_hint/{name}"), |b| {
-            b.to_async(&rt).iter(|| async move {
-                principal_of(directory, active, gateway, Asked::Credential(black_box(found))).await
-            })
+            b.to_async(&rt)
+                .iter(|| async move { principal_of(directory, active, gateway, black_box(found)).await })
         });
     }
     group.finish();

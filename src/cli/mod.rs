@@ -1,8 +1,7 @@
-//! The `capgate` command line: the dry-run commands of `spec/cli.md`
-//! (`validate`, `explain`, `visible`, `who-can`, `diff`, `schema`) and, with
-//! the `server` feature, the service commands of `spec/service.md` (`serve`,
-//! `migrate`, `publish`, `policies`, `audit`) and the load generator
-//! `bench`. One file per subcommand; `json` converts core types for
+//! The `capgate` command line: the dry-run commands (`validate`, `explain`,
+//! `visible`, `who-can`, `diff`, `schema`; docs/cli.md) and the service
+//! commands (`serve`, `migrate`, `publish`, `policies`, `audit`, `decide`;
+//! docs/service.md). One file per subcommand; `json` converts core types for
 //! `--json`, `render` writes the human reports, `remote` holds what the
 //! service commands share.
 //!
@@ -15,7 +14,6 @@
 
 mod args;
 mod audit;
-mod bench;
 mod decide;
 mod diff;
 mod explain;
@@ -24,7 +22,7 @@ mod json;
 mod migrate;
 mod policies;
 mod publish;
-mod remote;
+pub mod remote;
 mod render;
 mod schema;
 mod serve;
@@ -81,8 +79,6 @@ enum Command {
     Policies(policies::Args),
     /// Query the audit trail in the store, or prune whole months of it.
     Audit(audit::Args),
-    /// Measure the decision service under load (a benchmark: loopback, bounded).
-    Bench(Box<bench::Args>),
 }
 
 /// How the process ends (cli.md, "Exit codes").
@@ -129,7 +125,7 @@ impl Outcome {
 
 /// Why a command stopped before answering.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Failure {
+pub enum Failure {
     /// A usage error found after parsing (exit 2); the message is one line.
     Usage(String),
     /// An input could not be used (exit 3); the message is one line.
@@ -163,7 +159,6 @@ where
         Command::Publish(args) => publish::run(args, &mut inputs),
         Command::Policies(args) => policies::run(args),
         Command::Audit(args) => audit::run(args),
-        Command::Bench(args) => bench::run(args),
     };
     result.unwrap_or_else(|failure| match failure {
         Failure::Usage(message) => Outcome {

@@ -312,6 +312,29 @@ pub fn read_reference(reference: &str) -> Result<Vec<u8>, String> {
     }
 }
 
+/// Reads the static keys a version's issuers reference (`env://`,
+/// `file://`). One that cannot be read authenticates nobody; the log names
+/// the issuer and why, never a value.
+pub fn read_static_keys(issuers: &[Issuer], revision: u64) -> StaticKeys {
+    let keys = StaticKeys::resolve(issuers, read_reference, |issuer, problem| {
+        tracing::warn!(
+            revision,
+            issuer,
+            problem,
+            "a static key cannot be read; its keys are refused"
+        );
+    });
+    for (first, second) in keys.shared() {
+        tracing::warn!(
+            revision,
+            first,
+            second,
+            "two static-key issuers share one key; that key authenticates neither without an issuer hint"
+        );
+    }
+    keys
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

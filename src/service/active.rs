@@ -17,17 +17,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{watch, Mutex};
-use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
-use crate::identity::{read_reference, StaticKeys};
+use crate::identity::{read_static_keys, StaticKeys};
 use crate::store::{Store, StoreError, StoredPolicy};
 use capgate_core::capabilities::Catalog;
 use capgate_core::policy::{compile, load_catalog, CompiledPolicy, Diagnostic, Document};
 use capgate_core::principals::Issuer;
 
-use crate::wire::proto::decision_service_server::DecisionServiceServer;
-use crate::wire::proto::policy_service_server::PolicyServiceServer;
+use super::health::Health;
 
 /// A compiled, active version.
 #[derive(Debug)]
@@ -115,7 +113,7 @@ pub async fn compile_text(artifact: String, catalog: Option<String>) -> Compiled
 pub struct ActivePolicy {
     current: Arc<watch::Sender<Option<Arc<Active>>>>,
     refreshing: Arc<Mutex<()>>,
-    health: HealthReporter,
+    health: Health,
 }
 
 /// Why the active version could not be refreshed.
@@ -130,7 +128,7 @@ pub enum RefreshError {
 }
 
 impl ActivePolicy {
-    pub fn new(health: HealthReporter) -> Self {
+    pub fn new(health: Health) -> Self {
         let (current, _) = watch::channel(None);
         ActivePolicy {
             current: Arc::new(current),
@@ -192,22 +190,9 @@ impl ActivePolicy {
         self.set_health(ServingStatus::Serving).await;
     }
 
-    /// NOT_SERVING until a version is active (and SERVING after), for the
-    /// server as a whole and for both services.
+    /// NOT_SERVING until a version is active (and SERVING after).
     pub async fn set_health(&self, status: ServingStatus) {
-        self.health.set_service_status("", status).await;
-        self.health
-            .set_service_status(
-                <DecisionServiceServer<()> as tonic::server::NamedService>::NAME,
-                status,
-            )
-            .await;
-        self.health
-            .set_service_status(
-                <PolicyServiceServer<()> as tonic::server::NamedService>::NAME,
-                status,
-            )
-            .await;
+        self.health.set(status).await;
     }
 
     /// Follows the store until `stop` resolves: on every notification and
@@ -280,27 +265,4 @@ async fn compile_stored(stored: StoredPolicy) -> Result<Active, RefreshError> {
         }),
         Compiled::BadCatalog(problem) => Err(RefreshError::Uncompilable { revision, problem }),
     }
-}
-
-/// Reads the static keys a version's issuers reference (`env://`,
-/// `file://`). One that cannot be read authenticates nobody; the log names
-/// the issuer and why, never a value.
-fn read_static_keys(issuers: &[Issuer], revision: u64) -> StaticKeys {
-    let keys = StaticKeys::resolve(issuers, read_reference, |issuer, problem| {
-        tracing::warn!(
-            revision,
-            issuer,
-            problem,
-            "a static key cannot be read; its keys are refused"
-        );
-    });
-    for (first, second) in keys.shared() {
-        tracing::warn!(
-            revision,
-            first,
-            second,
-            "two static-key issuers share one key; that key authenticates neither without an issuer hint"
-        );
-    }
-    keys
 }

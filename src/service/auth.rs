@@ -23,6 +23,7 @@ use tonic::metadata::MetadataMap;
 use tonic::Status;
 
 use super::config::Token;
+use super::pipeline::Refusal;
 
 /// The identity recorded for callers when no token is configured.
 pub const LOOPBACK: &str = "loopback";
@@ -36,22 +37,22 @@ pub enum Role {
     Admin,
 }
 
-/// An authenticated caller: the token's name.
+/// An authenticated gateway (or admin): the token's name and what it may do.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller {
+pub struct Gateway {
     pub name: String,
     pub admin: bool,
     /// Whether it may assert a principal instead of forwarding a credential.
     pub may_assert: bool,
 }
 
-impl Caller {
+impl Gateway {
     /// Refuses an asserted principal from a caller not trusted to assert.
-    pub fn check_may_assert(&self) -> Result<(), Status> {
+    pub fn check_may_assert(&self) -> Result<(), Refusal> {
         if self.may_assert {
             Ok(())
         } else {
-            Err(Status::permission_denied(format!(
+            Err(Refusal::PermissionDenied(format!(
                 "`{}` may not assert a principal: forward the caller's `credential`, \
                  or configure the token with `--asserting-gateway-token`",
                 self.name
@@ -91,9 +92,9 @@ impl Tokens {
 
     /// Checks the call's bearer token for `role`. Messages never repeat what
     /// was presented.
-    pub fn authorize(&self, metadata: &MetadataMap, role: Role) -> Result<Caller, Status> {
+    pub fn authorize(&self, metadata: &MetadataMap, role: Role) -> Result<Gateway, Status> {
         if self.open() {
-            return Ok(Caller {
+            return Ok(Gateway {
                 name: LOOPBACK.to_owned(),
                 admin: true,
                 may_assert: true,
@@ -112,14 +113,14 @@ impl Tokens {
         let digest: [u8; 32] = Sha256::digest(presented).into();
         // Every token is compared, whatever matched, so the time taken says
         // nothing about which one (or whether any) did.
-        let mut found: Option<Caller> = None;
+        let mut found: Option<Gateway> = None;
         let all = (self.admin.iter().map(|token| (token, Kind::Admin)))
             .chain(self.asserting.iter().map(|token| (token, Kind::Asserting)))
             .chain(self.gateway.iter().map(|token| (token, Kind::Gateway)));
         for (token, kind) in all {
             let matches: bool = token.digest.ct_eq(&digest).into();
             if matches && found.is_none() {
-                found = Some(Caller {
+                found = Some(Gateway {
                     name: token.name.clone(),
                     admin: matches!(kind, Kind::Admin),
                     may_assert: matches!(kind, Kind::Admin | Kind::Asserting),

@@ -16,27 +16,40 @@
 
 use std::sync::Arc;
 
-use tonic::Status;
-
 use crate::identity::jwks::{KeysError, OidcDirectory};
 use crate::identity::jwt;
 use crate::identity::{self, KeyedIssuer, Presented};
 use capgate_core::principals::{resolve_asserted, AuthProblem, Issuer, IssuerKind, Principal, Resolution};
 
 use super::active::Active;
-use super::auth::Caller;
-use crate::wire::proto::{credential, AssertedPrincipal, Credential};
+use super::auth::Gateway;
+use super::pipeline::Refusal;
 
-/// How the caller was named in the request.
-#[derive(Clone, Copy)]
+/// How the caller was named in the request, in any door's terms.
+#[derive(Debug, Clone)]
 pub enum Asked<'a> {
-    Principal(&'a AssertedPrincipal),
-    Credential(&'a Credential),
+    /// The gateway names the principal itself (only gateways trusted to assert may).
+    Principal(AssertedCaller<'a>),
+    /// The caller's own credential, forwarded by the gateway; `None` when the request carried
+    /// none. `hint` names the issuer to check it against.
+    Credential {
+        presented: Option<Presented<'a>>,
+        hint: Option<&'a str>,
+    },
+}
+
+/// A principal as a gateway asserts it: an issuer id, a subject and `(name, value)` pairs (a
+/// name given twice, or with two values, gives no attribute).
+#[derive(Debug, Clone)]
+pub struct AssertedCaller<'a> {
+    pub issuer: &'a str,
+    pub subject: &'a str,
+    pub attributes: Vec<(&'a str, &'a str)>,
 }
 
 /// Who the caller turned out to be, as far as it is known, for the audit
 /// record, and the principal or the problem.
-pub struct Identity {
+pub struct Identified {
     /// The declared issuer the caller was checked against (or named).
     pub issuer: Option<String>,
     /// The subject, once authenticated (or as asserted).
@@ -44,9 +57,9 @@ pub struct Identity {
     pub outcome: Result<Principal, AuthProblem>,
 }
 
-impl Identity {
+impl Identified {
     fn problem(issuer: Option<&str>, problem: AuthProblem) -> Self {
-        Identity {
+        Identified {
             issuer: issuer.map(str::to_owned),
             subject: None,
             outcome: Err(problem),
@@ -55,12 +68,12 @@ impl Identity {
 
     fn resolved(issuer: Option<&str>, resolution: Result<Resolution, AuthProblem>) -> Self {
         match resolution {
-            Ok(Resolution { principal, .. }) => Identity {
+            Ok(Resolution { principal, .. }) => Identified {
                 issuer: Some(principal.issuer.clone()),
                 subject: Some(principal.subject.clone()),
                 outcome: Ok(principal),
             },
-            Err(problem) => Identity::problem(issuer, problem),
+            Err(problem) => Identified::problem(issuer, problem),
         }
     }
 }
@@ -69,35 +82,30 @@ impl Identity {
 pub async fn identify(
     directory: &Arc<OidcDirectory>,
     active: &Active,
-    gateway: &Caller,
-    asked: Asked<'_>,
+    gateway: &Gateway,
+    asked: &Asked<'_>,
     at_ms: i64,
-) -> Result<Identity, Status> {
+) -> Result<Identified, Refusal> {
     let issuers = &active.policy.issuers;
     match asked {
         Asked::Principal(asserted) => {
             gateway.check_may_assert()?;
             Ok(asserted_identity(active, asserted))
         }
-        Asked::Credential(Credential { kind, issuer }) => {
-            let hint = (!issuer.is_empty()).then_some(issuer.as_str());
-            let presented = match kind {
-                Some(credential::Kind::BearerToken(token)) => Presented::BearerToken(token),
-                Some(credential::Kind::ApiKey(key)) => Presented::ApiKey(key),
-                Some(credential::Kind::ClientCertificate(forwarded)) => {
-                    Presented::ClientCertificate(forwarded)
-                }
-                None => return Ok(Identity::problem(hint, AuthProblem::CredentialMissing)),
+        Asked::Credential { presented, hint } => {
+            let hint = *hint;
+            let Some(presented) = *presented else {
+                return Ok(Identified::problem(hint, AuthProblem::CredentialMissing));
             };
             if let Err(problem) = presented.check() {
-                return Ok(Identity::problem(hint, problem));
+                return Ok(Identified::problem(hint, problem));
             }
             Ok(match presented {
                 Presented::ApiKey(key) => {
-                    Identity::resolved(hint, active.static_keys.authenticate(issuers, hint, key))
+                    Identified::resolved(hint, active.static_keys.authenticate(issuers, hint, key))
                 }
                 Presented::ClientCertificate(forwarded) => {
-                    Identity::resolved(hint, identity::client_certificate(issuers, hint, forwarded))
+                    Identified::resolved(hint, identity::client_certificate(issuers, hint, forwarded))
                 }
                 Presented::BearerToken(token) => bearer(directory, issuers, hint, token, at_ms).await?,
             })
@@ -109,26 +117,17 @@ pub async fn identify(
 /// static-key issuer's literal defaults: an asserted principal carries what
 /// the gateway asserted. A name given twice, or with two values, gives no
 /// attribute.
-fn asserted_identity(active: &Active, asserted: &AssertedPrincipal) -> Identity {
-    let AssertedPrincipal {
+fn asserted_identity(active: &Active, asserted: &AssertedCaller<'_>) -> Identified {
+    let AssertedCaller {
         issuer,
         subject,
         attributes,
     } = asserted;
-    let pairs: Vec<(&str, &str)> = attributes
-        .iter()
-        .flat_map(|attribute| {
-            attribute
-                .values
-                .iter()
-                .map(|value| (attribute.name.as_str(), value.as_str()))
-        })
-        .collect();
-    let outcome = resolve_asserted(active.policy.issuer(issuer), subject, &pairs, false)
+    let outcome = resolve_asserted(active.policy.issuer(issuer), subject, attributes, false)
         .map(|resolution| resolution.principal);
-    Identity {
-        issuer: Some(issuer.clone()),
-        subject: Some(subject.clone()),
+    Identified {
+        issuer: Some((*issuer).to_owned()),
+        subject: Some((*subject).to_owned()),
         outcome,
     }
 }
@@ -144,20 +143,20 @@ async fn bearer(
     hint: Option<&str>,
     token: &str,
     at_ms: i64,
-) -> Result<Identity, Status> {
+) -> Result<Identified, Refusal> {
     let peeked = match jwt::peek(token) {
         Ok(peeked) => peeked,
-        Err(error) => return Ok(Identity::problem(hint, error.problem())),
+        Err(error) => return Ok(Identified::problem(hint, error.problem())),
     };
     let candidates = match identity::candidates(issuers, IssuerKind::Oidc, hint) {
         Ok(candidates) => candidates,
-        Err(problem) => return Ok(Identity::problem(hint, problem)),
+        Err(problem) => return Ok(Identified::problem(hint, problem)),
     };
     let chosen: Vec<&Issuer> = if hint.is_some() {
         candidates
     } else {
         let Some(claimed) = peeked.issuer.as_deref() else {
-            return Ok(Identity::problem(None, AuthProblem::CredentialInvalid));
+            return Ok(Identified::problem(None, AuthProblem::CredentialInvalid));
         };
         // Cached issuers are read without waiting; the others' discovery
         // documents are fetched at once, so with several providers down the
@@ -198,7 +197,7 @@ async fn bearer(
         match (matching.is_empty(), unavailable) {
             // An issuer that could not be asked might be the one: fail closed.
             (true, Some((issuer, error))) => return Err(keys_unavailable(issuer, &error)),
-            (true, None) => return Ok(Identity::problem(None, AuthProblem::IssuerUnknown)),
+            (true, None) => return Ok(Identified::problem(None, AuthProblem::IssuerUnknown)),
             (false, _) => matching,
         }
     };
@@ -217,12 +216,12 @@ async fn bearer(
         });
     }
     let (checked, outcome) = identity::verify_bearer(&keyed, token, at_ms);
-    Ok(Identity::resolved(checked.or(hint), outcome))
+    Ok(Identified::resolved(checked.or(hint), outcome))
 }
 
-fn keys_unavailable(issuer: &Issuer, error: &KeysError) -> Status {
+fn keys_unavailable(issuer: &Issuer, error: &KeysError) -> Refusal {
     tracing::warn!(issuer = %issuer.id, %error, "cannot authenticate a bearer token: keys unavailable");
-    Status::unavailable(format!(
+    Refusal::Unavailable(format!(
         "the keys of issuer `{}` cannot be fetched, so the token cannot be checked; retry later",
         issuer.id
     ))

@@ -12,13 +12,15 @@
 //! |---|---|
 //! | `config.rs` | the resolved configuration (tokens by reference, TLS) |
 //! | `active.rs` | the active policy, its atomic swap and the store follower |
-//! | `decisions.rs` | `Decide`, `ListVisible`, counters, idempotency |
-//! | `policies.rs` | `PublishPolicy`, `GetActivePolicy`, `ListPolicyVersions`, `ActivatePolicy` |
+//! | `health.rs` | the gRPC health service's statuses |
+//! | `pipeline/` | the decision pipeline: identify, resolve, evaluate, consume, audit, answer |
+//! | `identify.rs` | who is calling: an asserted principal or the caller's own credential |
+//! | `grpc/decisions.rs` | the `DecisionService` door (`Decide`, `ListVisible`) |
+//! | `grpc/policies.rs` | `PublishPolicy`, `GetActivePolicy`, `ListPolicyVersions`, `ActivatePolicy` |
 //! | `auth.rs` | bearer tokens and roles |
 //! | `audit.rs` | the group-commit writer and its local spool |
 //! | `retention.rs` | audit partitions made ahead of time |
-//! | `convert.rs` | core ↔ protobuf |
-//! | `limits.rs` | input bounds |
+//! | `bounds.rs` | input bounds |
 
 pub mod active;
 pub mod audit;
@@ -26,9 +28,10 @@ pub mod auth;
 pub mod config;
 
 pub mod bounds;
-pub mod decisions;
+pub mod grpc;
+pub mod health;
 pub mod identify;
-pub mod policies;
+pub mod pipeline;
 
 pub mod retention;
 
@@ -43,7 +46,6 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::{StreamExt, StreamMap};
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
-use tonic::Status;
 use tonic_health::ServingStatus;
 
 use crate::identity::jwks::OidcDirectory;
@@ -55,8 +57,9 @@ use active::{compile_text, Active, ActivePolicy, Compiled};
 use audit::{AuditOptions, AuditWriter};
 use auth::Tokens;
 pub use config::{Config, ConfigError, PolicyFile, Tls, Token};
-use decisions::{Decisions, Turns};
-use policies::Policies;
+use grpc::decisions::Decisions;
+use grpc::policies::Policies;
+use pipeline::Turns;
 
 /// The author recorded for a version published by `serve --policy`.
 pub const STARTUP_AUTHOR: &str = "serve --policy";
@@ -75,15 +78,6 @@ pub struct State<S: Store> {
     pub idempotency: Turns,
     /// The `oidc` issuers' discovery documents and keys.
     pub oidc: Arc<OidcDirectory>,
-}
-
-impl<S: Store> State<S> {
-    /// The version to decide on; fail closed without one.
-    fn current(&self) -> Result<Arc<Active>, Status> {
-        self.active
-            .current()
-            .ok_or_else(|| Status::unavailable("no policy version is active: publish one first"))
-    }
 }
 
 /// The configured extra roots for `https` discovery, as rustls takes them.
@@ -206,7 +200,7 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
     }
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    let active = ActivePolicy::new(health);
+    let active = ActivePolicy::new(health::Health::new(health));
     active.set_health(ServingStatus::NotServing).await;
     let installed = active.refresh(&store, None).await.map_err(|error| match error {
         active::RefreshError::Store(error) => StartError::Store(error),

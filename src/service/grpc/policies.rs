@@ -17,10 +17,10 @@ use crate::telemetry::rpc::policy as traced;
 use capgate_core::access::{effective_diff, Ruleset, Side};
 use capgate_core::policy::{version_label, CompiledPolicy};
 
-use super::active::{compile_text, Active, Compiled, RefreshError};
-use super::auth::Role;
-use super::{bounds, State};
 use crate::clock::now as now_ms;
+use crate::service::active::{compile_text, Active, Compiled, RefreshError};
+use crate::service::auth::Role;
+use crate::service::{bounds, State};
 use crate::wire::convert;
 use crate::wire::proto::policy_service_server::PolicyService;
 use crate::wire::proto::{

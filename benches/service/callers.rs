@@ -1,0 +1,455 @@
+//! The load: the bench policy and the requests that exercise it, the callers that send them back
+//! to back over their own connections, the store baseline's writer, and what they tally — the
+//! completed calls inside the counted window and their latencies.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use capgate::cli::remote::{Connection, Server};
+use capgate::cli::Failure;
+use capgate::store::{AuditRecord, Store};
+use capgate::wire::proto::decision_service_client::DecisionServiceClient;
+use capgate::wire::proto::policy_service_client::PolicyServiceClient;
+use capgate::wire::proto::{
+    decide_request, decide_response, AssertedPrincipal, Attribute, DecideRequest, Outcome as DecisionOutcome,
+    PublishPolicyRequest, ReasonCode,
+};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+use uuid::Uuid;
+
+use crate::plan::{Plan, Scenario};
+use crate::progress;
+
+/// The policy every run publishes: one issuer, one account, an uncapped
+/// grant and a capped one whose ceiling (a billion calls a day) no run
+/// reaches.
+pub const POLICY: &str = r#"# The service bench's policy (benches/service.rs, docs/benchmarks.md "The service").
+version: 1
+capabilities:
+  - id: bench.free.call
+    description: A tool any bench agent may call, with no ceiling
+  - id: bench.metered.call
+    description: A tool under a ceiling no run exhausts
+upstreams:
+  - id: bench
+    transport:
+      kind: mcp-http
+      url: https://bench.invalid/mcp
+    tools:
+      - name: free
+        capability: bench.free.call
+      - name: metered
+        capability: bench.metered.call
+accounts:
+  - id: bench-runner
+    secret: { ref: "env://CAPGATE_BENCH_RUNNER_TOKEN" }
+principals:
+  issuers:
+    - id: bench
+      kind: oidc
+      discovery: https://login.bench.invalid/.well-known/openid-configuration
+      audience: capgate-bench
+      attributes:
+        team: claim:team
+grants:
+  - to:
+      issuer: bench
+      attributes: { team: load }
+    capabilities: [bench.free.call]
+    using: bench-runner
+  - to:
+      issuer: bench
+      attributes: { team: load }
+    capabilities: [bench.metered.call]
+    using: bench-runner
+    limits: { calls: 1000000000, per: 1d }
+"#;
+
+// ── Connections ────────────────────────────────────────────────────────────
+
+/// Opens `count` connections to `url`, each its own tonic channel, i.e. its own HTTP/2 connection,
+/// through the client helper every service command uses (`capgate decide`, `publish`, …): the same
+/// endpoint settings (5 s to connect, a 60 s deadline per call, so a server that stops answering
+/// still ends each measurement) and the same token, from `token_file` or `CAPGATE_TOKEN`. A server
+/// started in-process has no tokens and takes every caller as `loopback`, whatever it presents.
+pub async fn connect(
+    url: &str,
+    token_file: Option<&Path>,
+    count: usize,
+) -> Result<Vec<Arc<Connection>>, Failure> {
+    let server = Server {
+        server: url.to_owned(),
+        token_file: token_file.map(Path::to_path_buf),
+        tls_ca: None,
+    };
+    let mut connections = Vec::with_capacity(count);
+    for _ in 0..count {
+        connections.push(Arc::new(server.connect().await?));
+    }
+    Ok(connections)
+}
+
+/// Publishes the bench policy to a server that runs elsewhere.
+pub async fn publish(connection: &Connection) -> Result<(), Failure> {
+    let mut client = PolicyServiceClient::new(connection.channel.clone());
+    let published = client
+        .publish_policy(connection.request(PublishPolicyRequest {
+            artifact: POLICY.to_owned(),
+            catalog: None,
+            expected_active_revision: None,
+            dry_run: false,
+            comment: "cargo bench --bench service".to_owned(),
+        }))
+        .await
+        .map_err(|status| Failure::Input(format!("cannot publish the bench policy: {}", status.message())))?
+        .into_inner();
+    if !published.accepted {
+        return Err(Failure::Input("the server refused the bench policy".to_owned()));
+    }
+    progress(&format!("bench policy active as revision {}", published.revision));
+    Ok(())
+}
+
+// ── What is sent ───────────────────────────────────────────────────────────
+
+/// The requests a scenario rotates through.
+pub fn requests(scenario: Scenario, principals: usize) -> Vec<DecideRequest> {
+    let (tool, count) = match scenario {
+        Scenario::Uncapped => ("bench__free", principals),
+        Scenario::Capped => ("bench__metered", principals),
+        Scenario::CappedHot => ("bench__metered", 1),
+    };
+    (0..count)
+        .map(|index| DecideRequest {
+            caller: Some(decide_request::Caller::Principal(AssertedPrincipal {
+                issuer: "bench".to_owned(),
+                subject: if scenario == Scenario::CappedHot {
+                    "agent-hot".to_owned()
+                } else {
+                    format!("agent-{index:05}")
+                },
+                attributes: vec![Attribute {
+                    name: "team".to_owned(),
+                    values: vec!["load".to_owned()],
+                }],
+            })),
+            target: Some(decide_request::Target::Tool(tool.to_owned())),
+            // No idempotency key: it would add a read and a write per call.
+            request_id: String::new(),
+        })
+        .collect()
+}
+
+/// What the callers of one measurement send.
+#[derive(Clone, Copy)]
+pub enum Load<'a> {
+    Health,
+    Decide(&'a [DecideRequest]),
+}
+
+/// What one caller sends: [`Load`] with its own starting point.
+enum Work {
+    Health,
+    Decide(Vec<DecideRequest>),
+}
+
+// ── The callers ────────────────────────────────────────────────────────────
+
+/// N callers, one per connection, each calling back to back until the window
+/// closes.
+pub async fn measure_calls(
+    connections: &[Arc<Connection>],
+    load: Load<'_>,
+    plan: &Plan,
+    name: &'static str,
+    label: String,
+) -> Measured {
+    let window = Window::after(plan.warmup, plan.duration);
+    let mut tasks = Vec::with_capacity(connections.len());
+    for (index, connection) in connections.iter().enumerate() {
+        let work = match load {
+            Load::Health => Work::Health,
+            Load::Decide(requests) => {
+                // Callers start at different principals, and each walks
+                // through all of them.
+                let start = index * requests.len() / connections.len().max(1);
+                let mut mine = requests[start..].to_vec();
+                mine.extend_from_slice(&requests[..start]);
+                Work::Decide(mine)
+            }
+        };
+        tasks.push(tokio::spawn(caller(Arc::clone(connection), work, window)));
+    }
+    let mut total = Tally::default();
+    for task in tasks {
+        match task.await {
+            Ok(tally) => total.merge(tally),
+            Err(error) => {
+                total.errors += 1;
+                total.problem.get_or_insert(format!("a caller failed: {error}"));
+            }
+        }
+    }
+    total.into_measured(connections.len(), name, label, plan.duration.as_secs_f64())
+}
+
+async fn caller(connection: Arc<Connection>, work: Work, window: Window) -> Tally {
+    let mut health = HealthClient::new(connection.channel.clone());
+    let mut decisions = DecisionServiceClient::new(connection.channel.clone());
+    let mut tally = Tally::default();
+    let mut next = 0_usize;
+    loop {
+        let started = Instant::now();
+        if started >= window.until {
+            break;
+        }
+        let answered: Result<bool, String> = match &work {
+            Work::Health => health
+                .check(connection.request(HealthCheckRequest {
+                    service: String::new(),
+                }))
+                .await
+                .map(|response| response.into_inner().status == ServingStatus::Serving as i32)
+                .map_err(|status| format!("{:?}: {}", status.code(), status.message())),
+            Work::Decide(requests) => {
+                let request = requests[next % requests.len()].clone();
+                next = next.wrapping_add(1);
+                match decisions.decide(connection.request(request)).await {
+                    Ok(response) => match refusal(&response.into_inner().result) {
+                        None => Ok(true),
+                        Some(why) => {
+                            tally.problem.get_or_insert(why);
+                            Ok(false)
+                        }
+                    },
+                    Err(status) => Err(format!("{:?}: {}", status.code(), status.message())),
+                }
+            }
+        };
+        let finished = Instant::now();
+        let counts = started >= window.from && finished <= window.until;
+        match answered {
+            Ok(true) if counts => {
+                tally.completed += 1;
+                tally.latencies_us.push(micros(finished - started));
+            }
+            Ok(true) => {}
+            Ok(false) => {
+                tally.not_allowed += 1;
+                tally
+                    .problem
+                    .get_or_insert_with(|| "an answer other than allow / SERVING".to_owned());
+            }
+            Err(problem) => {
+                tally.errors += 1;
+                tally.problem.get_or_insert(problem);
+                // A failing server is not hammered in a tight loop.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+    tally
+}
+
+/// Why an answer is not an allow (`None` for an allow).
+fn refusal(result: &Option<decide_response::Result>) -> Option<String> {
+    match result {
+        Some(decide_response::Result::Decision(decision)) => {
+            if decision.outcome == DecisionOutcome::Allow as i32 {
+                return None;
+            }
+            let code = decision
+                .reason
+                .as_ref()
+                .and_then(|reason| ReasonCode::try_from(reason.code).ok())
+                .map_or("no reason", |code| code.as_str_name());
+            Some(format!("deny {code}"))
+        }
+        Some(decide_response::Result::Unauthenticated(_)) => Some("unauthenticated".to_owned()),
+        Some(decide_response::Result::UnknownTool(_)) => Some("unknown tool".to_owned()),
+        None => Some("no result".to_owned()),
+    }
+}
+
+// ── The store baseline ─────────────────────────────────────────────────────
+
+/// One writer appending batches of `rows` audit records back to back, as
+/// the server's group commit does with `rows` callers waiting (it has one
+/// writer, and `rows` callers have at most `rows` records outstanding).
+pub async fn append_batches<S: Store>(store: S, rows: usize, window: Window) -> Tally {
+    let mut tally = Tally::default();
+    let mut sequence = 0_usize;
+    loop {
+        let started = Instant::now();
+        if started >= window.until {
+            break;
+        }
+        let batch: Vec<AuditRecord> = (0..rows)
+            .map(|_| {
+                sequence = sequence.wrapping_add(1);
+                audit_row(sequence)
+            })
+            .collect();
+        let appended = store.append_audit(&batch, &[]).await;
+        let finished = Instant::now();
+        match appended {
+            Ok(()) if started >= window.from && finished <= window.until => {
+                tally.completed += rows as u64;
+                tally.latencies_us.push(micros(finished - started));
+            }
+            Ok(()) => {}
+            Err(error) => {
+                tally.errors += 1;
+                tally.problem.get_or_insert(error.to_string());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+    tally
+}
+
+/// A record shaped like the one a capped allow writes.
+fn audit_row(sequence: usize) -> AuditRecord {
+    AuditRecord {
+        decision_id: Uuid::now_v7().to_string(),
+        at_ms: now_ms(),
+        request_id: None,
+        gateway: "loopback".to_owned(),
+        kind: "decide".to_owned(),
+        outcome: "allow".to_owned(),
+        code: Some("granted".to_owned()),
+        path: Some("/grants/1".to_owned()),
+        principal_id: Some(format!("bench:agent-{:05}", sequence % 1000)),
+        issuer: Some("bench".to_owned()),
+        subject: Some(format!("agent-{:05}", sequence % 1000)),
+        capability: Some("bench.metered.call".to_owned()),
+        tool: Some("bench__metered".to_owned()),
+        account_id: Some("bench-runner".to_owned()),
+        limit_calls: Some(1_000_000_000),
+        limit_per: Some("1d".to_owned()),
+        usage_calls: Some(sequence as u64),
+        policy_version: Some(format!("sha256:{}", "0".repeat(64))),
+        policy_revision: Some(1),
+    }
+}
+
+/// The wall clock in milliseconds since the epoch. A row only needs a current time (it lands in the
+/// current month's audit partition, as the server's would); the product's clock helpers are private
+/// to its rooms, and reading the system clock here is all they do.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
+}
+
+// ── Tallies ────────────────────────────────────────────────────────────────
+
+/// When callers count: calls that start at or after `from` and end by `until`.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    from: Instant,
+    until: Instant,
+}
+
+impl Window {
+    pub fn after(warmup: Duration, duration: Duration) -> Window {
+        let from = Instant::now() + warmup;
+        Window {
+            from,
+            until: from + duration,
+        }
+    }
+}
+
+/// What one caller tallied.
+#[derive(Default)]
+pub struct Tally {
+    latencies_us: Vec<u32>,
+    completed: u64,
+    errors: u64,
+    not_allowed: u64,
+    problem: Option<String>,
+}
+
+impl Tally {
+    fn merge(&mut self, other: Tally) {
+        self.latencies_us.extend(other.latencies_us);
+        self.completed += other.completed;
+        self.errors += other.errors;
+        self.not_allowed += other.not_allowed;
+        if self.problem.is_none() {
+            self.problem = other.problem;
+        }
+    }
+
+    pub fn into_measured(
+        mut self,
+        concurrency: usize,
+        name: &'static str,
+        label: String,
+        seconds: f64,
+    ) -> Measured {
+        self.latencies_us.sort_unstable();
+        Measured {
+            concurrency,
+            name,
+            label,
+            completed: self.completed,
+            seconds,
+            latencies_us: self.latencies_us,
+            errors: self.errors,
+            not_allowed: self.not_allowed,
+            problem: self.problem,
+        }
+    }
+}
+
+/// One measurement's result.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    pub concurrency: usize,
+    /// `health`, `store-append` or a scenario name.
+    pub name: &'static str,
+    pub label: String,
+    /// Calls (or rows, for the store) completed within the window.
+    pub completed: u64,
+    pub seconds: f64,
+    /// Per call (per batch, for the store), in microseconds, sorted.
+    latencies_us: Vec<u32>,
+    /// Calls that failed (gRPC error or timeout).
+    pub errors: u64,
+    /// Decisions that came back as something other than an allow.
+    pub not_allowed: u64,
+    /// The first failure, for the report.
+    pub problem: Option<String>,
+}
+
+impl Measured {
+    pub fn per_second(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.completed as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+
+    pub fn percentile_ms(&self, fraction: f64) -> f64 {
+        percentile(&self.latencies_us, fraction) as f64 / 1000.0
+    }
+}
+
+/// The value below which `fraction` of the sorted samples fall (nearest rank).
+pub fn percentile(sorted: &[u32], fraction: f64) -> u32 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (fraction * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn micros(elapsed: Duration) -> u32 {
+    u32::try_from(elapsed.as_micros()).unwrap_or(u32::MAX)
+}

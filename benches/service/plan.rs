@@ -1,0 +1,191 @@
+//! What a run is asked to do: the command line of `cargo bench --bench service`, the scenarios, and
+//! the checked [`Plan`] with its bounds (how many callers, how long, which server).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use capgate::cli::remote::parse_duration;
+use capgate::cli::Failure;
+
+/// The most concurrent callers a run may have.
+const MAX_CONCURRENCY: usize = 1024;
+/// The longest measurement (and warm-up) a run may ask for.
+const MAX_DURATION: Duration = Duration::from_secs(600);
+/// The most distinct principals the capped scenario rotates through.
+const MAX_PRINCIPALS: usize = 100_000;
+
+/// The load generator for the decision service (docs/benchmarks.md, "The service"): `Decide` over
+/// real gRPC on loopback, against two baselines measured in the same run.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "service",
+    bin_name = "cargo bench --bench service --",
+    color = clap::ColorChoice::Never
+)]
+pub struct Args {
+    /// The store: a fresh temporary SQLite file when absent; `postgres://…`
+    /// names a PostgreSQL server on which a fresh `capgate_bench_<unique>`
+    /// database is created for the run and dropped after it;
+    /// `sqlite://PATH` a file that must not exist yet (removed after).
+    #[arg(long, value_name = "URL")]
+    pub database_url: Option<String>,
+    /// Drive a server that already runs at this URL (a loopback address)
+    /// instead of starting one in-process. The bench policy is published to it (an admin token from
+    /// `--token-file` or `CAPGATE_TOKEN`, unless it runs without tokens); the
+    /// store baseline then runs on `--database-url`, through a pool
+    /// configured as the server's.
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+    /// A file holding the token to call `--server` with.
+    #[arg(long, value_name = "F", requires = "server")]
+    pub token_file: Option<PathBuf>,
+    /// Concurrent callers: repeat, or give a list such as `1,16,64`.
+    #[arg(long, value_name = "N", value_delimiter = ',', default_values_t = [1_usize, 16, 64])]
+    pub concurrency: Vec<usize>,
+    /// How long each measurement lasts (after its warm-up).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// How long each measurement runs before it starts counting.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub warmup: Duration,
+    /// What to measure besides the baselines: repeat, or give a list.
+    #[arg(long, alias = "scenarios", value_enum, value_name = "SCENARIO", value_delimiter = ',', default_values_t = [ScenarioArg::All])]
+    pub scenario: Vec<ScenarioArg>,
+    /// How many distinct principals the callers rotate through (capped
+    /// scenario: one counter row each).
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub principals: usize,
+    /// Print the JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Passed by `cargo bench` to every `harness = false` bench: it is what tells a measurement
+    /// (`cargo bench`) from the smoke run (`cargo test --benches`), and is otherwise ignored.
+    #[arg(long, hide = true)]
+    pub bench: bool,
+    /// `cargo bench FILTER` passes its filter to every bench: one this bench's name does not
+    /// contain skips the run, so that filtering the other benches does not fail on this one.
+    #[arg(hide = true)]
+    pub filter: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ScenarioArg {
+    /// An uncapped grant: evaluation and the audit record.
+    Uncapped,
+    /// A capped grant over many principals: counter read and consumption too.
+    Capped,
+    /// A capped grant with one principal: every consumption on one row.
+    CappedHot,
+    /// All three.
+    All,
+}
+
+/// What one measurement drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    Uncapped,
+    Capped,
+    CappedHot,
+}
+
+impl Scenario {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Uncapped => "decide-uncapped",
+            Scenario::Capped => "decide-capped",
+            Scenario::CappedHot => "decide-capped-hot",
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Scenario::Uncapped => "Decide uncapped",
+            Scenario::Capped => "Decide capped",
+            Scenario::CappedHot => "Decide capped, one key",
+        }
+    }
+}
+
+/// The checked arguments.
+#[derive(Debug)]
+pub struct Plan {
+    /// Distinct, in the order given.
+    pub concurrency: Vec<usize>,
+    pub duration: Duration,
+    pub warmup: Duration,
+    /// Distinct, in the order given.
+    pub scenarios: Vec<Scenario>,
+    pub principals: usize,
+}
+
+impl Plan {
+    pub fn of(args: &Args) -> Result<Plan, Failure> {
+        let mut concurrency = Vec::new();
+        for &n in &args.concurrency {
+            if n == 0 || n > MAX_CONCURRENCY {
+                return Err(Failure::Usage(format!(
+                    "`--concurrency {n}`: expected 1 to {MAX_CONCURRENCY}"
+                )));
+            }
+            if !concurrency.contains(&n) {
+                concurrency.push(n);
+            }
+        }
+        if args.duration < Duration::from_millis(100) || args.duration > MAX_DURATION {
+            return Err(Failure::Usage("`--duration`: expected 100ms to 10m".to_owned()));
+        }
+        if args.warmup > MAX_DURATION {
+            return Err(Failure::Usage("`--warmup`: at most 10m".to_owned()));
+        }
+        if args.principals == 0 || args.principals > MAX_PRINCIPALS {
+            return Err(Failure::Usage(format!(
+                "`--principals`: expected 1 to {MAX_PRINCIPALS}"
+            )));
+        }
+        if let Some(url) = &args.server {
+            check_loopback(url)?;
+        }
+        let mut scenarios = Vec::new();
+        for wanted in &args.scenario {
+            let some: &[Scenario] = match wanted {
+                ScenarioArg::Uncapped => &[Scenario::Uncapped],
+                ScenarioArg::Capped => &[Scenario::Capped],
+                ScenarioArg::CappedHot => &[Scenario::CappedHot],
+                ScenarioArg::All => &[Scenario::Uncapped, Scenario::Capped, Scenario::CappedHot],
+            };
+            for scenario in some {
+                if !scenarios.contains(scenario) {
+                    scenarios.push(*scenario);
+                }
+            }
+        }
+        Ok(Plan {
+            concurrency,
+            duration: args.duration,
+            warmup: args.warmup,
+            scenarios,
+            principals: args.principals,
+        })
+    }
+}
+
+/// Refuses a `--server` that is not on this machine's loopback interface: a load generator pointed
+/// elsewhere is a load test of someone else's service.
+pub fn check_loopback(url: &str) -> Result<(), Failure> {
+    let uri: tonic::codegen::http::Uri = url
+        .parse()
+        .map_err(|_| Failure::Usage(format!("`--server {url}` is not a URL")))?;
+    let host = uri.host().unwrap_or_default();
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = bare.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|address| address.is_loopback());
+    if loopback {
+        Ok(())
+    } else {
+        Err(Failure::Usage(format!(
+            "`--server {url}`: the bench drives loopback addresses only (127.0.0.0/8, ::1, localhost)"
+        )))
+    }
+}

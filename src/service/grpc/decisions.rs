@@ -1,0 +1,216 @@
+//! capgate's own door: `capgate.v1.DecisionService` (`Decide`, `ListVisible`; service.md §3–§5),
+//! a thin adapter over the decision pipeline. It authenticates the gateway from the call's
+//! metadata, checks the input bounds, converts the request into an [`Ask`], and the pipeline's
+//! answer into the response message. The decision itself is taken in `pipeline/`.
+
+use std::sync::Arc;
+
+use prost::Message;
+use tonic::{Request, Response, Status};
+
+use crate::identity::Presented;
+use crate::service::auth::Role;
+use crate::service::bounds;
+use crate::service::identify::{Asked, AssertedCaller};
+use crate::service::pipeline::{self, Answer, Ask, Listing, Replied, Target, Verdict};
+use crate::service::State;
+use crate::store::Store;
+use crate::telemetry;
+use crate::wire::convert;
+use crate::wire::proto::{
+    self, credential, decide_request, decide_response, decision_service_server::DecisionService,
+    list_visible_request, list_visible_response, AssertedPrincipal, Credential, DecideRequest,
+    DecideResponse, ListVisibleRequest, ListVisibleResponse, Unauthenticated, UnknownTool, Visible,
+    VisibleCapability,
+};
+
+/// The decision service over a store.
+pub struct Decisions<S: Store> {
+    state: Arc<State<S>>,
+}
+
+impl<S: Store> Decisions<S> {
+    pub fn new(state: Arc<State<S>>) -> Self {
+        Decisions { state }
+    }
+}
+
+#[tonic::async_trait]
+impl<S: Store> DecisionService for Decisions<S> {
+    async fn decide(&self, request: Request<DecideRequest>) -> Result<Response<DecideResponse>, Status> {
+        let gateway = self.state.tokens.authorize(request.metadata(), Role::Gateway)?;
+        let request = request.into_inner();
+        bounds::decide(&request)?;
+        let active = pipeline::current(&self.state).map_err(refused)?;
+        let DecideRequest {
+            caller,
+            target,
+            request_id,
+        } = &request;
+        let target = match target {
+            Some(decide_request::Target::Tool(name)) => Target::Tool(name),
+            Some(decide_request::Target::Capability(capability)) => Target::Capability(capability),
+            // `bounds::decide` refused this already.
+            None => return Err(Status::invalid_argument("`target`: required")),
+        };
+        let caller = match caller {
+            Some(decide_request::Caller::Principal(principal)) => asserted(principal),
+            Some(decide_request::Caller::Credential(credential)) => presented(credential),
+            None => return Err(Status::invalid_argument("`caller`: required")),
+        };
+        let ask = Ask {
+            gateway: &gateway,
+            caller,
+            request_id: (!request_id.is_empty()).then_some(request_id.as_str()),
+        };
+        let encode = |answer: &Answer<'_>| response(answer).encode_to_vec();
+        let replied = pipeline::decide(&self.state, &active, ask, target, &encode)
+            .await
+            .map_err(refused)?;
+        match replied {
+            Replied::Fresh(answer) => Ok(Response::new(response(&answer))),
+            Replied::Replayed(bytes) => DecideResponse::decode(bytes.as_slice())
+                .map(Response::new)
+                .map_err(|error| {
+                    tracing::error!(%error, "a remembered response does not decode");
+                    Status::internal("the remembered answer to this request_id cannot be read")
+                }),
+        }
+    }
+
+    async fn list_visible(
+        &self,
+        request: Request<ListVisibleRequest>,
+    ) -> Result<Response<ListVisibleResponse>, Status> {
+        let gateway = self.state.tokens.authorize(request.metadata(), Role::Gateway)?;
+        let request = request.into_inner();
+        bounds::list_visible(&request)?;
+        let active = pipeline::current(&self.state).map_err(refused)?;
+        let ListVisibleRequest { caller, request_id } = &request;
+        let caller = match caller {
+            Some(list_visible_request::Caller::Principal(principal)) => asserted(principal),
+            Some(list_visible_request::Caller::Credential(credential)) => presented(credential),
+            None => return Err(Status::invalid_argument("`caller`: required")),
+        };
+        let ask = Ask {
+            gateway: &gateway,
+            caller,
+            request_id: (!request_id.is_empty()).then_some(request_id.as_str()),
+        };
+        let listing = pipeline::list(&self.state, &active, ask).await.map_err(refused)?;
+        let response = listed(&listing);
+        telemetry::rpc::listed(&response);
+        Ok(Response::new(response))
+    }
+}
+
+/// A pipeline refusal as a gRPC status.
+fn refused(refusal: pipeline::Refusal) -> Status {
+    match refusal {
+        pipeline::Refusal::PermissionDenied(message) => Status::permission_denied(message),
+        pipeline::Refusal::Unavailable(message) => Status::unavailable(message),
+    }
+}
+
+fn asserted(principal: &AssertedPrincipal) -> Asked<'_> {
+    let AssertedPrincipal {
+        issuer,
+        subject,
+        attributes,
+    } = principal;
+    Asked::Principal(AssertedCaller {
+        issuer,
+        subject,
+        attributes: attributes
+            .iter()
+            .flat_map(|attribute| {
+                attribute
+                    .values
+                    .iter()
+                    .map(|value| (attribute.name.as_str(), value.as_str()))
+            })
+            .collect(),
+    })
+}
+
+fn presented(credential: &Credential) -> Asked<'_> {
+    let Credential { kind, issuer } = credential;
+    Asked::Credential {
+        presented: kind.as_ref().map(|kind| match kind {
+            credential::Kind::BearerToken(token) => Presented::BearerToken(token),
+            credential::Kind::ApiKey(key) => Presented::ApiKey(key),
+            credential::Kind::ClientCertificate(forwarded) => Presented::ClientCertificate(forwarded),
+        }),
+        hint: (!issuer.is_empty()).then_some(issuer.as_str()),
+    }
+}
+
+/// The answer as `DecideResponse`.
+fn response(answer: &Answer<'_>) -> DecideResponse {
+    let Answer {
+        decision_id,
+        at_ms,
+        active,
+        verdict,
+    } = answer;
+    let result = match verdict {
+        Verdict::Unauthenticated(problem) => decide_response::Result::Unauthenticated(Unauthenticated {
+            problem: convert::auth_problem(*problem).into(),
+        }),
+        Verdict::UnknownTool(name) => {
+            decide_response::Result::UnknownTool(UnknownTool { name: name.clone() })
+        }
+        Verdict::Decided(decided) => decide_response::Result::Decision(convert::decision(
+            &decided.decision,
+            active.document(),
+            decided.secret_ref.map_or("", |secret_ref| secret_ref.as_str()),
+            decided.standing,
+            decided
+                .tool
+                .map(|(tool, transport)| convert::tool(tool, transport)),
+        )),
+    };
+    DecideResponse {
+        decision_id: decision_id.clone(),
+        policy_version: active.version.clone(),
+        policy_revision: active.revision,
+        at: Some(convert::timestamp(*at_ms)),
+        result: Some(result),
+    }
+}
+
+/// The listing as `ListVisibleResponse`.
+fn listed(listing: &Listing<'_>) -> ListVisibleResponse {
+    let Listing { at_ms, active, seen } = listing;
+    let result = match seen {
+        Err(problem) => list_visible_response::Result::Unauthenticated(Unauthenticated {
+            problem: convert::auth_problem(*problem).into(),
+        }),
+        Ok(seen) => list_visible_response::Result::Visible(Visible {
+            capabilities: seen
+                .capabilities
+                .iter()
+                .map(|(item, decision_id)| VisibleCapability {
+                    capability: item.capability.id.clone(),
+                    account: Some(proto::Account {
+                        id: item.account.id.clone(),
+                        secret_ref: active
+                            .policy
+                            .account(&item.account.id)
+                            .map_or(String::new(), |account| account.secret_ref.as_str().to_owned()),
+                    }),
+                    limits: item.limits.map(convert::ceiling),
+                    path: item.path.to_owned(),
+                    decision_id: decision_id.clone(),
+                })
+                .collect(),
+            tools: seen.tools.iter().copied().map(convert::visible_tool).collect(),
+        }),
+    };
+    ListVisibleResponse {
+        policy_version: active.version.clone(),
+        policy_revision: active.revision,
+        at: Some(convert::timestamp(*at_ms)),
+        result: Some(result),
+    }
+}

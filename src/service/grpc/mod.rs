@@ -1,0 +1,6 @@
+//! capgate's own gRPC doors: `capgate.v1.DecisionService` over the decision pipeline, and
+//! `capgate.v1.PolicyService` for publishing, listing and activating versions. Each converts
+//! protobuf in and out; the work is done in the rooms below.
+
+pub mod decisions;
+pub mod policies;

@@ -1,0 +1,345 @@
+//! The decision pipeline: one place where a caller's question becomes an audited answer, whatever
+//! door it came through (capgate's gRPC `DecisionService` today; Envoy ext_authz, agentgateway's
+//! ExtMCP and AuthZEN over HTTP are adapters over the same two functions).
+//!
+//! A decision, step by step ([`decide`]): capture `at` once → identify the caller (an asserted
+//! principal from a trusted gateway, or the caller's own credential; `identify.rs`) → resolve the
+//! tool → evaluate with the pure core → for an allow whose winning grant has a ceiling, consume one
+//! call atomically (`metering.rs`) → write the audit record (durable; built in `record.rs`) →
+//! answer. A listing ([`list`]) is the same function per capability, without counters.
+//!
+//! Everything here speaks domain types: an [`Ask`] in, an [`Answer`] or a [`Listing`] out, a
+//! [`Refusal`] when there is no answer to give. A door converts its protocol's request into an
+//! `Ask` and the answer into its protocol's response, and adds nothing else.
+
+mod idempotency;
+mod metering;
+mod record;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use capgate_core::access::{visible, CapabilityRule, Decision, Limits, Standing, VisibleCapability};
+use capgate_core::accounts::SecretRef;
+use capgate_core::capabilities::{ToolDescriptor, Transport};
+use capgate_core::principals::AuthProblem;
+
+use crate::store::{Remembered, Store};
+use crate::telemetry;
+
+use super::active::Active;
+use super::auth::Gateway;
+use super::identify::{identify, Asked};
+use super::State;
+
+pub use idempotency::{Turns, IDEMPOTENCY_RETENTION_MS};
+
+/// A caller's question, as every door asks it.
+pub struct Ask<'a> {
+    /// The gateway that asks, as authenticated by the door.
+    pub gateway: &'a Gateway,
+    /// Who the call is for: asserted by the gateway, or the caller's own credential.
+    pub caller: Asked<'a>,
+    /// The gateway's own id for this request: a retry with the same id gets the same answer.
+    pub request_id: Option<&'a str>,
+}
+
+/// What the caller wants to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target<'a> {
+    /// An exposed tool name (`<upstream>__<tool>`), resolved through the active catalog.
+    Tool(&'a str),
+    /// A capability id, asked for directly.
+    Capability(&'a str),
+}
+
+/// Why there is no answer at all (as opposed to a denial, which is an answer).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The gateway may not ask this way (an assertion from a gateway not trusted to assert).
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// The service cannot answer now: no active version, an identity provider or the audit trail
+    /// out of reach. The caller may retry.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// A decision, taken on the version `active` holds; it borrows from that version.
+pub struct Answer<'a> {
+    /// UUIDv7, the audit record's key.
+    pub decision_id: String,
+    /// The decision's instant, milliseconds since the Unix epoch.
+    pub at_ms: i64,
+    pub active: &'a Active,
+    pub verdict: Verdict<'a>,
+}
+
+/// What was decided.
+pub enum Verdict<'a> {
+    /// The caller could not be identified: no decision was taken.
+    Unauthenticated(AuthProblem),
+    /// The tool asked for is not in the active catalog.
+    UnknownTool(String),
+    /// The core's decision, with what the service adds to an allow.
+    Decided(Decided<'a>),
+}
+
+/// The core's decision and, on an allow, what the gateway needs to execute the call.
+pub struct Decided<'a> {
+    pub decision: Decision<'a>,
+    /// On an allow: the execution account's secret reference (never the secret).
+    pub secret_ref: Option<&'a SecretRef>,
+    /// On an allow under a ceiling: calls left and when the window ends, after this call.
+    pub standing: Option<Standing>,
+    /// On an allow asked for by tool name: the tool and the transport that reaches it.
+    pub tool: Option<(&'a ToolDescriptor, Option<&'a Transport>)>,
+}
+
+/// A decision's answer: fresh, or the one a retry's original got.
+pub enum Replied<'a> {
+    Fresh(Answer<'a>),
+    /// The encoded answer the door remembered for this `request_id` the first time.
+    Replayed(Vec<u8>),
+}
+
+/// A listing: what the caller may see, on the version `active` holds.
+pub struct Listing<'a> {
+    pub at_ms: i64,
+    pub active: &'a Active,
+    pub seen: Result<Seen<'a>, AuthProblem>,
+}
+
+/// The visible capabilities, each with the id of its audit record, and the tools realising them.
+pub struct Seen<'a> {
+    pub capabilities: Vec<(VisibleCapability<'a>, String)>,
+    /// Visible tools, in catalog order.
+    pub tools: Vec<&'a ToolDescriptor>,
+}
+
+/// Decides one call and returns once its audit record is durable. `remember` encodes the answer
+/// as the door will want it back for a retry with the same `request_id`; it is stored in the
+/// same commit as the record.
+pub async fn decide<'a, S: Store>(
+    state: &State<S>,
+    active: &'a Active,
+    ask: Ask<'_>,
+    target: Target<'a>,
+    remember: &(dyn Fn(&Answer<'_>) -> Vec<u8> + Sync),
+) -> Result<Replied<'a>, Refusal> {
+    let Some(request_id) = ask.request_id else {
+        return decide_once(state, active, &ask, target, remember)
+            .await
+            .map(Replied::Fresh);
+    };
+    // One decision per (gateway, request_id) at a time on this replica, so that a retry racing
+    // its original waits for it and gets its answer.
+    let _turn = state.idempotency.turn(&ask.gateway.name, request_id).await;
+    if let Some(original) = idempotency::remembered(state, &ask.gateway.name, request_id).await {
+        return Ok(Replied::Replayed(original));
+    }
+    decide_once(state, active, &ask, target, remember)
+        .await
+        .map(Replied::Fresh)
+}
+
+async fn decide_once<'a, S: Store>(
+    state: &State<S>,
+    active: &'a Active,
+    ask: &Ask<'_>,
+    target: Target<'a>,
+    remember: &(dyn Fn(&Answer<'_>) -> Vec<u8> + Sync),
+) -> Result<Answer<'a>, Refusal> {
+    let at_ms = crate::clock::now();
+    let identified = identify(&state.oidc, active, ask.gateway, &ask.caller, at_ms).await?;
+    let mut record = record::Base::new(ask, active, at_ms).decide(&identified);
+    let principal = match identified.outcome {
+        Ok(principal) => principal,
+        Err(problem) => {
+            let answer = Answer {
+                decision_id: record.decision_id.clone(),
+                at_ms,
+                active,
+                verdict: Verdict::Unauthenticated(problem),
+            };
+            record::unauthenticated(&mut record, problem);
+            return finish(state, ask, record, answer, remember).await;
+        }
+    };
+    record::principal(&mut record, &principal);
+
+    let (capability, tool): (&str, Option<&'a ToolDescriptor>) = match target {
+        Target::Tool(name) => {
+            record.tool = Some(name.to_owned());
+            match active.policy.tools.resolve(name) {
+                Some(tool) => (tool.capability.as_str(), Some(tool)),
+                None => {
+                    record::unknown_tool(&mut record);
+                    let answer = Answer {
+                        decision_id: record.decision_id.clone(),
+                        at_ms,
+                        active,
+                        verdict: Verdict::UnknownTool(name.to_owned()),
+                    };
+                    return finish(state, ask, record, answer, remember).await;
+                }
+            }
+        }
+        Target::Capability(capability) => (capability, None),
+    };
+
+    let metered = metering::evaluate_metered(state, active, &principal, capability, at_ms).await;
+    record::decided(&mut record, capability, &metered);
+    let decision = metered.decision;
+    let mut decided = Decided {
+        decision,
+        secret_ref: None,
+        standing: None,
+        tool: None,
+    };
+    if let Decision::Allow(allow) = decision {
+        decided.secret_ref = active
+            .policy
+            .account(&allow.account.id)
+            .map(|account| &account.secret_ref);
+        decided.standing = metered.standing;
+        decided.tool = tool.map(|tool| (tool, route(active, tool)));
+    }
+    let answer = Answer {
+        decision_id: record.decision_id.clone(),
+        at_ms,
+        active,
+        verdict: Verdict::Decided(decided),
+    };
+    finish(state, ask, record, answer, remember).await
+}
+
+/// The transport of the upstream that serves `tool`.
+fn route<'a>(active: &'a Active, tool: &ToolDescriptor) -> Option<&'a Transport> {
+    active
+        .policy
+        .upstreams
+        .iter()
+        .find(|upstream| upstream.id == tool.upstream)
+        .map(|upstream| &upstream.transport)
+}
+
+/// Writes the record (and the answer to remember), then answers.
+async fn finish<'a, S: Store>(
+    state: &State<S>,
+    ask: &Ask<'_>,
+    record: crate::store::AuditRecord,
+    answer: Answer<'a>,
+    remember: &(dyn Fn(&Answer<'_>) -> Vec<u8> + Sync),
+) -> Result<Answer<'a>, Refusal> {
+    let remembered = match ask.request_id {
+        None => Vec::new(),
+        Some(request_id) => vec![(
+            ask.gateway.name.clone(),
+            request_id.to_owned(),
+            Remembered {
+                decision_id: answer.decision_id.clone(),
+                response: remember(&answer),
+                at_ms: record.at_ms,
+            },
+        )],
+    };
+    telemetry::rpc::decided(&record);
+    tracing::debug!(
+        decision_id = %record.decision_id,
+        outcome = record.outcome.as_str(),
+        code = record.code.map_or("", |code| code.as_str()),
+        "decided"
+    );
+    state.audit.write(vec![record], remembered).await.map_err(|_| {
+        Refusal::Unavailable("the audit trail cannot be written, so no decision is returned".to_owned())
+    })?;
+    Ok(answer)
+}
+
+/// Lists what the caller may see and returns once every listed capability's audit record is
+/// durable (one record per visible capability, or one for a caller that could not be identified).
+pub async fn list<'a, S: Store>(
+    state: &State<S>,
+    active: &'a Active,
+    ask: Ask<'_>,
+) -> Result<Listing<'a>, Refusal> {
+    let at_ms = crate::clock::now();
+    let identified = identify(&state.oidc, active, ask.gateway, &ask.caller, at_ms).await?;
+    let base = record::Base::new(&ask, active, at_ms);
+    let principal = match identified.outcome {
+        Ok(ref principal) => principal.clone(),
+        Err(problem) => {
+            // Not in the spec's list (one allow per visible capability), but every request is
+            // recorded: a refused listing says who tried.
+            let mut record = base.list(&identified);
+            record::unauthenticated(&mut record, problem);
+            write(state, vec![record]).await?;
+            return Ok(Listing {
+                at_ms,
+                active,
+                seen: Err(problem),
+            });
+        }
+    };
+
+    let seen = visible(&active.policy.ruleset, &principal, at_ms);
+    let mut records = Vec::with_capacity(seen.len());
+    let mut capabilities = Vec::with_capacity(seen.len());
+    for item in seen {
+        let record = record::listed(base.list(&identified), &principal, &item);
+        capabilities.push((item, record.decision_id.clone()));
+        records.push(record);
+    }
+    let allowed: HashSet<&'a str> = capabilities
+        .iter()
+        .map(|(item, _)| {
+            let capability: &'a CapabilityRule = item.capability;
+            capability.id.as_str()
+        })
+        .collect();
+    let tools: Vec<&ToolDescriptor> = active
+        .policy
+        .tools
+        .realizing(move |capability| allowed.contains(capability))
+        .collect();
+    if !records.is_empty() {
+        write(state, records).await?;
+    }
+    Ok(Listing {
+        at_ms,
+        active,
+        seen: Ok(Seen { capabilities, tools }),
+    })
+}
+
+async fn write<S: Store>(state: &State<S>, records: Vec<crate::store::AuditRecord>) -> Result<(), Refusal> {
+    state
+        .audit
+        .write(records, Vec::new())
+        .await
+        .map(|_| ())
+        .map_err(|_| {
+            Refusal::Unavailable("the audit trail cannot be written, so no answer is returned".to_owned())
+        })
+}
+
+/// A decision with what the counter said (`metering.rs` fills it, `record.rs` reads it).
+pub(crate) struct Metered<'a> {
+    pub decision: Decision<'a>,
+    /// The winning grant's ceiling, when one applies.
+    pub ceiling: Option<&'a Limits>,
+    /// After a consumption: calls left and when the window ends.
+    pub standing: Option<Standing>,
+    /// The count the ceiling was checked against: the window's calls including this one on an
+    /// allow, the calls found on `limit_exhausted`.
+    pub usage_calls: Option<u64>,
+}
+
+/// The version to decide on; fail closed without one.
+pub fn current<S: Store>(state: &State<S>) -> Result<Arc<Active>, Refusal> {
+    state
+        .active
+        .current()
+        .ok_or_else(|| Refusal::Unavailable("no policy version is active: publish one first".to_owned()))
+}
