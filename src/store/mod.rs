@@ -21,6 +21,9 @@
 use std::future::Future;
 use std::time::Duration;
 
+use capgate_core::access::ReasonCode;
+use capgate_core::principals::AuthProblem;
+
 pub mod postgres;
 pub mod retention;
 mod sql;
@@ -114,9 +117,80 @@ pub enum Consumed {
     Refused,
 }
 
+/// What an audit record is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordKind {
+    /// One decision about one call.
+    #[default]
+    Decide,
+    /// One capability seen in a listing.
+    List,
+}
+
+/// How a request ended, as the audit trail records it (the `outcome` column).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordOutcome {
+    Allow,
+    /// The default only so that records can be built field by field; every writer sets it.
+    #[default]
+    Deny,
+    /// The caller's identity could not be established (`code` is the problem).
+    Unauthenticated,
+    /// The tool asked for is not in the active catalog.
+    UnknownTool,
+}
+
+/// The code of a record: a reason code for a decision, a problem code for an authentication
+/// failure. Both vocabularies are closed and their spellings do not overlap, so the column holds
+/// either as its text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecordCode {
+    Reason(ReasonCode),
+    Problem(AuthProblem),
+}
+
+impl RecordCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordCode::Reason(code) => code.as_str(),
+            RecordCode::Problem(problem) => problem.as_str(),
+        }
+    }
+
+    /// The code spelled `text`, from either vocabulary.
+    pub fn parse(text: &str) -> Option<RecordCode> {
+        ReasonCode::ALL
+            .into_iter()
+            .find(|code| code.as_str() == text)
+            .map(RecordCode::Reason)
+            .or_else(|| {
+                AuthProblem::ALL
+                    .into_iter()
+                    .find(|problem| problem.as_str() == text)
+                    .map(RecordCode::Problem)
+            })
+    }
+}
+
+impl serde::Serialize for RecordCode {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for RecordCode {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        RecordCode::parse(&text).ok_or_else(|| serde::de::Error::custom(format!("unknown code `{text}`")))
+    }
+}
+
 /// One audit record (service.md §5). Never holds a credential, a secret or
-/// tool arguments.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// tool arguments. Its JSON form (the spool, `capgate audit --json`) is the
+/// serde one: the column names, in table order.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct AuditRecord {
     /// UUIDv7, primary key.
     pub decision_id: String,
@@ -124,12 +198,10 @@ pub struct AuditRecord {
     pub request_id: Option<String>,
     /// The authenticated gateway identity (token name), or `loopback`.
     pub gateway: String,
-    /// `decide` or `list`.
-    pub kind: String,
-    /// `allow`, `deny`, `unauthenticated` or `unknown_tool`.
-    pub outcome: String,
+    pub kind: RecordKind,
+    pub outcome: RecordOutcome,
     /// Reason code (decisions) or problem code (authentication).
-    pub code: Option<String>,
+    pub code: Option<RecordCode>,
     pub path: Option<String>,
     pub principal_id: Option<String>,
     pub issuer: Option<String>,

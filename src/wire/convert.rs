@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use prost_types::Timestamp;
 
 use crate::store::StoredPolicy;
-use capgate_core::access::{Allow, Change, ChangeKind, Decision, Limits, Reason, ReasonCode, Summary};
+use capgate_core::access::{Allow, Change, ChangeKind, Decision, Limits, Reason, ReasonCode, Standing, Summary};
 use capgate_core::accounts::AccountRef;
 use capgate_core::capabilities::{ToolDescriptor, Transport};
 use capgate_core::policy::{Code, Diagnostic, Document, Position, Related, Severity};
@@ -135,15 +135,6 @@ pub fn ceiling(limits: &Limits) -> proto::Ceiling {
     }
 }
 
-/// Where an allowed call stands against its ceiling.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Standing {
-    /// Calls left in the window after this one.
-    pub remaining: u64,
-    /// When the window ends, in milliseconds since the Unix epoch.
-    pub resets_at_ms: i64,
-}
-
 /// A decision as the wire carries it. `secret_ref`, `standing` and `tool`
 /// are what the service adds to an allow: the account's secret reference,
 /// the counter after consumption (when a ceiling applies) and the tool asked
@@ -178,14 +169,14 @@ pub fn decision(
                     } = limits;
                     let Standing {
                         remaining,
-                        resets_at_ms,
+                        resets_at,
                     } = standing;
                     proto::Limits {
                         calls: *calls,
                         per: per.clone(),
                         window_ms: *window_ms,
                         remaining,
-                        resets_at: Some(timestamp(resets_at_ms)),
+                        resets_at: Some(timestamp(resets_at)),
                     }
                 }),
                 tool,

@@ -112,11 +112,7 @@ fn decide<'a>(
                 return deny(ReasonCode::UsageUnknown, &grant.path, &grant.account.id);
             }
             Usage::Counted { calls, window_start } => {
-                // A window start in the future is never expired.
-                let elapsed = i128::from(at) - i128::from(window_start);
-                let expired = elapsed >= i128::from(limits.window_ms);
-                let consumed = if expired { 0 } else { calls };
-                if consumed >= limits.calls {
+                if limits.calls_counted(calls, window_start, at) >= limits.calls {
                     return deny(ReasonCode::LimitExhausted, &grant.path, capability);
                 }
             }

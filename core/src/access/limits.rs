@@ -4,12 +4,52 @@
 
 use std::cmp::Ordering;
 
+use super::Instant;
+
 /// A rate ceiling: `calls` per window of `window_ms`, `per` as written.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Limits {
     pub calls: u64,
     pub per: String,
     pub window_ms: u64,
+}
+
+impl Limits {
+    /// Whether the window opened at `window_start` has ended at `at`: `window_ms` or more have
+    /// passed. A window start in the future is never expired. This is the one place the rule is
+    /// written; the evaluation and the service's counters both ask it.
+    pub fn window_expired(&self, window_start: Instant, at: Instant) -> bool {
+        i128::from(at) - i128::from(window_start) >= i128::from(self.window_ms)
+    }
+
+    /// The calls that count against this ceiling at `at`, given `calls` counted in the window
+    /// opened at `window_start`: none once that window has expired.
+    pub fn calls_counted(&self, calls: u64, window_start: Instant, at: Instant) -> u64 {
+        if self.window_expired(window_start, at) {
+            0
+        } else {
+            calls
+        }
+    }
+
+    /// Where an allowed call leaves the window opened at `window_start` once `calls` are counted
+    /// in it (this one included).
+    pub fn standing(&self, calls: u64, window_start: Instant) -> Standing {
+        let window = Instant::try_from(self.window_ms).unwrap_or(Instant::MAX);
+        Standing {
+            remaining: self.calls.saturating_sub(calls),
+            resets_at: window_start.saturating_add(window),
+        }
+    }
+}
+
+/// Where an allowed call stands against its ceiling, after it was counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Standing {
+    /// Calls left in the window after this one.
+    pub remaining: u64,
+    /// When the window ends.
+    pub resets_at: Instant,
 }
 
 /// Compares rates `calls / window_ms`; no ceiling is an infinite rate.

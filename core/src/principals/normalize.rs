@@ -16,6 +16,13 @@ pub enum AuthProblem {
 }
 
 impl AuthProblem {
+    pub const ALL: [AuthProblem; 4] = [
+        AuthProblem::CredentialMissing,
+        AuthProblem::CredentialInvalid,
+        AuthProblem::CredentialExpired,
+        AuthProblem::IssuerUnknown,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             AuthProblem::CredentialMissing => "credential_missing",
