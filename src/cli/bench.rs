@@ -45,7 +45,10 @@ use tonic_health::pb::HealthCheckRequest;
 use uuid::Uuid;
 
 use crate::service::{self, Config, PolicyFile, Running};
-use crate::store::{AnyStore, AuditRecord, PostgresStore, SqliteStore, Store, StoreOptions};
+use crate::store::{
+    with_store, AnyStore, AuditRecord, PostgresStore, RecordCode, RecordKind, RecordOutcome, SqliteStore,
+    Store, StoreOptions,
+};
 use crate::wire::proto::decision_service_client::DecisionServiceClient;
 use crate::wire::proto::policy_service_client::PolicyServiceClient;
 use crate::wire::proto::{
@@ -266,24 +269,15 @@ pub fn run(args: &Args) -> Result<Outcome, Failure> {
 
     let database = server_runtime.block_on(Database::open(args.database_url.as_deref()))?;
     let load_before = load_average();
-    let measured = match database.store.clone() {
-        AnyStore::Postgres(store) => bench_over(
-            store,
-            &server_runtime,
-            &client_runtime,
-            &plan,
-            args.server.as_deref(),
-            token.as_ref(),
-        ),
-        AnyStore::Sqlite(store) => bench_over(
-            store,
-            &server_runtime,
-            &client_runtime,
-            &plan,
-            args.server.as_deref(),
-            token.as_ref(),
-        ),
-    };
+    // Monomorphised as `capgate serve` is, so that the server measured is the one that runs.
+    let measured = with_store!(database.store.clone(), store => bench_over(
+        store,
+        &server_runtime,
+        &client_runtime,
+        &plan,
+        args.server.as_deref(),
+        token.as_ref(),
+    ));
     let load_after = load_average();
     let described = database.description.clone();
     let kind = database.kind;
@@ -964,9 +958,9 @@ fn audit_row(sequence: usize) -> AuditRecord {
         at_ms: crate::clock::now(),
         request_id: None,
         gateway: "loopback".to_owned(),
-        kind: "decide".to_owned(),
-        outcome: "allow".to_owned(),
-        code: Some("granted".to_owned()),
+        kind: RecordKind::Decide,
+        outcome: RecordOutcome::Allow,
+        code: Some(RecordCode::Reason(capgate_core::access::ReasonCode::Granted)),
         path: Some("/grants/1".to_owned()),
         principal_id: Some(format!("bench:agent-{:05}", sequence % 1000)),
         issuer: Some("bench".to_owned()),

@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 use prost_types::Timestamp;
 
 use crate::store::StoredPolicy;
-use capgate_core::access::{Allow, Change, ChangeKind, Decision, Limits, Reason, ReasonCode, Standing, Summary};
+use capgate_core::access::{
+    Allow, Change, ChangeKind, Decision, Limits, Reason, ReasonCode, Standing, Summary,
+};
 use capgate_core::accounts::AccountRef;
 use capgate_core::capabilities::{ToolDescriptor, Transport};
 use capgate_core::policy::{Code, Diagnostic, Document, Position, Related, Severity};
@@ -167,10 +169,7 @@ pub fn decision(
                         per,
                         window_ms,
                     } = limits;
-                    let Standing {
-                        remaining,
-                        resets_at,
-                    } = standing;
+                    let Standing { remaining, resets_at } = standing;
                     proto::Limits {
                         calls: *calls,
                         per: per.clone(),
