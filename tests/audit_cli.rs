@@ -10,7 +10,11 @@ mod support;
 
 use std::process::Command;
 
-use capgate::store::{AuditFilter, AuditRecord, PostgresStore, SqliteStore, Store, StoreOptions};
+use capgate::store::{
+    AuditFilter, AuditRecord, PostgresStore, RecordCode, RecordKind, RecordOutcome, SqliteStore, Store,
+    StoreOptions,
+};
+use capgate_core::access::ReasonCode;
 use serde_json::Value;
 use support::postgres::TestDatabase;
 
@@ -68,9 +72,9 @@ fn records() -> Vec<AuditRecord> {
                 decision_id: format!("d{month}{i}"),
                 at_ms: at,
                 gateway: "edge".to_owned(),
-                kind: "decide".to_owned(),
-                outcome: "allow".to_owned(),
-                code: Some("granted".to_owned()),
+                kind: RecordKind::Decide,
+                outcome: RecordOutcome::Allow,
+                code: Some(RecordCode::Reason(ReasonCode::Granted)),
                 principal_id: Some(if i == 1 { "staff:ana" } else { "staff:bo" }.to_owned()),
                 capability: Some("tickets.read".to_owned()),
                 ..AuditRecord::default()
@@ -195,6 +199,51 @@ fn prune_end_to_end<S: Store>(url: &str, store: &S) {
     assert_eq!(query.code, 0, "{query:?}");
     let found: Value = serde_json::from_str(&query.stdout).expect("JSON");
     assert_eq!(found.as_array().map(Vec::len), Some(3), "April to June, one each");
+    // The contract of `--json`: every column, by its name, in table order.
+    let keys: Vec<&str> = found[0]
+        .as_object()
+        .expect("a record is an object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "decision_id",
+            "at_ms",
+            "request_id",
+            "gateway",
+            "kind",
+            "outcome",
+            "code",
+            "path",
+            "principal_id",
+            "issuer",
+            "subject",
+            "capability",
+            "tool",
+            "account_id",
+            "limit_calls",
+            "limit_per",
+            "usage_calls",
+            "policy_version",
+            "policy_revision",
+        ]
+    );
+    assert_eq!(
+        (
+            &found[0]["kind"],
+            &found[0]["outcome"],
+            &found[0]["code"],
+            &found[0]["tool"]
+        ),
+        (
+            &Value::from("decide"),
+            &Value::from("allow"),
+            &Value::from("granted"),
+            &Value::Null
+        )
+    );
 }
 
 #[test]

@@ -408,11 +408,14 @@ async fn bad_tokens_are_refused_with_the_right_problem_and_audited() {
     );
 
     let audit = world.audit().await;
-    let refused: Vec<&AuditRecord> = audit.iter().filter(|r| r.outcome == "unauthenticated").collect();
+    let refused: Vec<&AuditRecord> = audit
+        .iter()
+        .filter(|r| r.outcome.as_str() == "unauthenticated")
+        .collect();
     assert_eq!(refused.len(), cases.len() + 3, "every refusal is audited");
     let expired = refused
         .iter()
-        .find(|r| r.code.as_deref() == Some("credential_expired"))
+        .find(|r| r.code.map(|code| code.as_str()) == Some("credential_expired"))
         .expect("the expired token's record");
     assert_eq!(expired.issuer.as_deref(), Some("corp"));
     assert_eq!(expired.principal_id, None);
@@ -556,13 +559,13 @@ async fn static_keys_and_client_certificates_authenticate() {
     let audit = world.audit().await;
     assert!(audit
         .iter()
-        .any(|r| r.principal_id.as_deref() == Some("batch:nightly") && r.outcome == "allow"));
+        .any(|r| r.principal_id.as_deref() == Some("batch:nightly") && r.outcome.as_str() == "allow"));
     assert!(audit
         .iter()
-        .any(|r| r.principal_id.as_deref() == Some("edge:svc-pay") && r.outcome == "allow"));
+        .any(|r| r.principal_id.as_deref() == Some("edge:svc-pay") && r.outcome.as_str() == "allow"));
     assert!(audit
         .iter()
-        .any(|r| r.principal_id.as_deref() == Some("filed:cron") && r.outcome == "allow"));
+        .any(|r| r.principal_id.as_deref() == Some("filed:cron") && r.outcome.as_str() == "allow"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -127,7 +127,7 @@ async fn replicas_share_one_ceiling_and_follow_each_others_publishes() {
         .expect("read the audit trail");
     let decides: HashMap<&str, _> = audit
         .iter()
-        .filter(|record| record.kind == "decide")
+        .filter(|record| record.kind.as_str() == "decide")
         .map(|record| (record.decision_id.as_str(), record))
         .collect();
     assert_eq!(decides.len(), CALLS, "exactly one decide record per call");
@@ -135,14 +135,17 @@ async fn replicas_share_one_ceiling_and_follow_each_others_publishes() {
         let record = decides
             .get(response.decision_id.as_str())
             .unwrap_or_else(|| panic!("no record of {}", response.decision_id));
-        assert_eq!(record.outcome, recorded_outcome(response));
-        assert_eq!(record.code, Some(recorded_code(code(response))));
+        assert_eq!(record.outcome.as_str(), recorded_outcome(response));
+        assert_eq!(
+            record.code.map(|code| code.as_str().to_owned()),
+            Some(recorded_code(code(response)))
+        );
         assert_eq!(record.policy_revision, Some(1));
     }
     // The allows are the window's calls 1..=L, whichever replica took them.
     let mut numbered: Vec<u64> = decides
         .values()
-        .filter(|record| record.outcome == "allow")
+        .filter(|record| record.outcome.as_str() == "allow")
         .map(|record| record.usage_calls.expect("an allow records its count"))
         .collect();
     numbered.sort_unstable();

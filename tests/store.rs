@@ -14,8 +14,10 @@
 //!   absence fails them.
 //!
 //! `replica` is a second store opened on the same database, as another
-//! process would. A few tests at the end are specific to one dialect
-//! (notifications, the journal mode, URL handling).
+//! process would. A scenario that must do what the store would never do (a
+//! constraint the schema lacks, a row no store writes) takes `raw: Raw`
+//! instead, the database itself. A few tests at the end are specific to one
+//! dialect (notifications, the journal mode, URL handling).
 
 mod support;
 
@@ -25,29 +27,42 @@ use std::time::Duration;
 
 use capgate::store::retention::{self, Period};
 use capgate::store::{
-    connect, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Consumed, Counted, CounterKey, NewPolicy,
-    PostgresStore, PrunedPeriod, PublishOutcome, Remembered, SqliteStore, Store, StoreOptions, StoredPolicy,
+    connect, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Consumed, CounterKey, CounterReading,
+    NewPolicy, PostgresStore, PrunedPeriod, PublishOutcome, RecordCode, RecordKind, RecordOutcome,
+    Remembered, SqliteStore, Store, StoreError, StoreOptions, StoredPolicy,
 };
+use capgate_core::access::ReasonCode;
+use capgate_core::principals::AuthProblem;
 use sqlx::postgres::PgConnectOptions;
-use sqlx::{Connection, PgConnection};
+use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, SqliteConnection};
 use support::postgres::{server_url, TestDatabase};
 use support::unique;
 
 // ── The suite ─────────────────────────────────────────────────────────────
 
 macro_rules! suite {
-    (single: [$($one:ident),* $(,)?], pair: [$($two:ident),* $(,)?] $(,)?) => {
+    (
+        single: [$($one:ident),* $(,)?],
+        pair: [$($two:ident),* $(,)?],
+        raw: [$($raw:ident),* $(,)?] $(,)?
+    ) => {
         mod sqlite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $one() {
-                    super::on_sqlite(|store, _replica| super::$one(store)).await;
+                    super::on_sqlite(|store, _replica, _raw| super::$one(store)).await;
                 }
             )*
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $two() {
-                    super::on_sqlite(super::$two).await;
+                    super::on_sqlite(|store, replica, _raw| super::$two(store, replica)).await;
+                }
+            )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $raw() {
+                    super::on_sqlite(|store, _replica, raw| super::$raw(store, raw)).await;
                 }
             )*
         }
@@ -63,6 +78,15 @@ macro_rules! suite {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $two() {
                     super::on_postgres(|store, replica, _database| super::$two(store, replica)).await;
+                }
+            )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $raw() {
+                    super::on_postgres(|store, _replica, database| {
+                        super::$raw(store, super::Raw::Postgres(Box::new(database)))
+                    })
+                    .await;
                 }
             )*
         }
@@ -86,7 +110,6 @@ suite! {
         audit_records_round_trip,
         audit_queries_filter,
         appending_again_changes_nothing,
-        a_failed_batch_leaves_nothing,
         remembered_responses_round_trip,
         pruning_drops_whole_months_before_the_cutoff,
         a_dry_run_drops_nothing,
@@ -97,6 +120,10 @@ suite! {
     pair: [
         concurrent_publishes_one_wins,
         the_ceiling_holds_under_concurrency,
+    ],
+    raw: [
+        a_failed_batch_leaves_nothing,
+        an_unreadable_stored_value_fails_the_read,
     ],
 }
 
@@ -464,9 +491,9 @@ async fn audit_records_round_trip<S: Store>(store: S) {
         at_ms: 1_700_000_000_002,
         request_id: Some("req-1".to_owned()),
         gateway: "edge".to_owned(),
-        kind: "decide".to_owned(),
-        outcome: "allow".to_owned(),
-        code: Some("granted".to_owned()),
+        kind: RecordKind::Decide,
+        outcome: RecordOutcome::Allow,
+        code: Some(RecordCode::Reason(ReasonCode::Granted)),
         path: Some("/grants/0".to_owned()),
         principal_id: Some("oidc:https://id.example|alice".to_owned()),
         issuer: Some("https://id.example".to_owned()),
@@ -484,28 +511,49 @@ async fn audit_records_round_trip<S: Store>(store: S) {
         decision_id: "0190a000-0000-7000-8000-000000000001".to_owned(),
         at_ms: 1_700_000_000_001,
         gateway: "loopback".to_owned(),
-        kind: "decide".to_owned(),
-        outcome: "unauthenticated".to_owned(),
+        kind: RecordKind::Decide,
+        outcome: RecordOutcome::Unauthenticated,
+        ..AuditRecord::default()
+    };
+    // The other kind, and a code of the other vocabulary.
+    let refused_listing = AuditRecord {
+        decision_id: "0190a000-0000-7000-8000-000000000003".to_owned(),
+        at_ms: 1_700_000_000_003,
+        gateway: "edge".to_owned(),
+        kind: RecordKind::List,
+        outcome: RecordOutcome::Unauthenticated,
+        code: Some(RecordCode::Problem(AuthProblem::CredentialExpired)),
+        issuer: Some("https://id.example".to_owned()),
         ..AuditRecord::default()
     };
     store
-        .append_audit(&[full.clone(), bare.clone()], &[])
+        .append_audit(&[full.clone(), bare.clone(), refused_listing.clone()], &[])
         .await
         .expect("append");
     assert_eq!(
         store.query_audit(&all(10)).await.expect("query"),
-        vec![full, bare]
+        vec![refused_listing, full, bare]
     );
 }
 
 async fn audit_queries_filter<S: Store>(store: S) {
     let records = vec![
         record(1, 1_000, "alice", "tickets.read", "allow", "granted"),
-        record(2, 2_000, "alice", "tickets.write", "deny", "no_grant"),
+        record(2, 2_000, "alice", "tickets.write", "deny", "no_grant_matches"),
         record(3, 3_000, "bob", "tickets.read", "deny", "limit_exhausted"),
         record(4, 4_000, "bob", "tickets.write", "allow", "granted"),
         record(5, 4_000, "alice", "tickets.read", "deny", "limit_exhausted"),
-        record(6, 5_000, "carol", "wiki.read", "unknown_tool", "unknown_tool"),
+        // A tool the catalog does not have: the record has no code.
+        AuditRecord {
+            decision_id: "d6".to_owned(),
+            at_ms: 5_000,
+            gateway: "edge".to_owned(),
+            kind: RecordKind::Decide,
+            outcome: RecordOutcome::UnknownTool,
+            principal_id: Some("carol".to_owned()),
+            capability: Some("wiki.read".to_owned()),
+            ..AuditRecord::default()
+        },
     ];
     store.append_audit(&records, &[]).await.expect("append");
 
@@ -607,14 +655,14 @@ async fn audit_queries_filter<S: Store>(store: S) {
 
 async fn appending_again_changes_nothing<S: Store>(store: S) {
     let first = record(1, 1_000, "alice", "tickets.read", "allow", "granted");
-    let second = record(2, 2_000, "alice", "tickets.read", "deny", "no_grant");
+    let second = record(2, 2_000, "alice", "tickets.read", "deny", "no_grant_matches");
     store
         .append_audit(&[first.clone(), second.clone()], &[])
         .await
         .expect("append");
     // A spool replaying its records, one of them altered: the stored one stays.
     let altered = AuditRecord {
-        outcome: "deny".to_owned(),
+        outcome: RecordOutcome::Deny,
         ..first.clone()
     };
     store
@@ -627,20 +675,33 @@ async fn appending_again_changes_nothing<S: Store>(store: S) {
     );
 }
 
-async fn a_failed_batch_leaves_nothing<S: Store>(store: S) {
+/// The gateway [`Raw::refuse_gateway`] makes the database refuse.
+const REFUSED_GATEWAY: &str = "refused-by-the-test";
+
+async fn a_failed_batch_leaves_nothing<S: Store>(store: S, raw: Raw) {
     let good = record(1, 1_000, "alice", "tickets.read", "allow", "granted");
     let answer = remembered_answer("d1", b"first");
-    // The schema refuses an unknown outcome: the whole batch, remembered
-    // responses included, must be refused with it.
+    // The database refuses a record after the good one: the whole batch,
+    // remembered responses included, must be refused with it. (The refusal
+    // is the test's constraint, as no value of a typed record breaks the
+    // schema's own.)
+    raw.refuse_gateway(REFUSED_GATEWAY).await;
     let bad = AuditRecord {
-        outcome: "perhaps".to_owned(),
-        ..record(2, 2_000, "bob", "x", "deny", "no_grant")
+        gateway: REFUSED_GATEWAY.to_owned(),
+        ..record(2, 2_000, "bob", "x", "deny", "no_grant_matches")
     };
     let batch = [good.clone(), bad];
     let remember = [("edge".to_owned(), "req-1".to_owned(), answer.clone())];
+    let refused = store.append_audit(&batch, &remember).await;
     assert!(
-        store.append_audit(&batch, &remember).await.is_err(),
-        "an invalid record fails the batch"
+        matches!(
+            refused,
+            Err(StoreError::Database {
+                operation: "append_audit",
+                ..
+            })
+        ),
+        "an invalid record fails the batch: {refused:?}"
     );
     assert_eq!(store.query_audit(&all(10)).await.expect("query"), vec![]);
     assert_eq!(store.remembered("edge", "req-1").await.expect("remembered"), None);
@@ -648,12 +709,19 @@ async fn a_failed_batch_leaves_nothing<S: Store>(store: S) {
     // A count past BIGINT is refused too, rather than stored wrong.
     let huge = AuditRecord {
         limit_calls: Some(u64::MAX),
-        ..record(3, 3_000, "bob", "x", "deny", "no_grant")
+        ..record(3, 3_000, "bob", "x", "deny", "no_grant_matches")
     };
-    assert!(store
-        .append_audit(&[good.clone(), huge], &remember)
-        .await
-        .is_err());
+    let refused = store.append_audit(&[good.clone(), huge], &remember).await;
+    assert!(
+        matches!(
+            refused,
+            Err(StoreError::OutOfRange {
+                column: "limit_calls",
+                value: u64::MAX
+            })
+        ),
+        "{refused:?}"
+    );
     assert_eq!(store.query_audit(&all(10)).await.expect("query"), vec![]);
 
     store
@@ -666,6 +734,57 @@ async fn a_failed_batch_leaves_nothing<S: Store>(store: S) {
         Some(answer)
     );
     store.append_audit(&[], &[]).await.expect("an empty batch");
+}
+
+/// A stored value this build cannot read fails the query, naming the column
+/// and the value: a code it does not know (one a newer build wrote, say), a
+/// negative count.
+async fn an_unreadable_stored_value_fails_the_read<S: Store>(store: S, raw: Raw) {
+    // The month of the rows below must have its partition before SQL alone
+    // inserts into it (PostgreSQL).
+    store.prepare_audit_periods(1_000).await.expect("prepare");
+    let good = record(1, 1_000, "alice", "tickets.read", "allow", "granted");
+    store
+        .append_audit(std::slice::from_ref(&good), &[])
+        .await
+        .expect("append");
+    let insert = |values: &str| {
+        format!(
+            "INSERT INTO audit_log (decision_id, at, gateway, kind, outcome, code, usage_calls) \
+             VALUES {values}"
+        )
+    };
+    for (values, column, value) in [
+        (
+            "('d2', 2000, 'edge', 'decide', 'deny', 'no_grant', NULL)",
+            "code",
+            "no_grant",
+        ),
+        (
+            "('d2', 2000, 'edge', 'decide', 'allow', 'granted', -1)",
+            "usage_calls",
+            "-1",
+        ),
+    ] {
+        let sql = insert(values);
+        raw.execute(&sql, &sql).await;
+        let read = store.query_audit(&all(10)).await;
+        assert!(
+            matches!(
+                &read,
+                Err(StoreError::Corrupt { column: c, value: v }) if *c == column && v == value
+            ),
+            "{read:?}"
+        );
+        let message = read.unwrap_err().to_string();
+        assert!(message.contains(column) && message.contains(value), "{message}");
+        raw.execute(
+            "DELETE FROM audit_log WHERE decision_id = 'd2'",
+            "DELETE FROM audit_log WHERE decision_id = 'd2'",
+        )
+        .await;
+    }
+    assert_eq!(store.query_audit(&all(10)).await.expect("query"), vec![good]);
 }
 
 async fn remembered_responses_round_trip<S: Store>(store: S) {
@@ -1134,16 +1253,23 @@ mod postgres_only {
             .into_iter()
             .enumerate()
         {
-            rows.push(record(n as u32 + 200, at, "bob", "wiki.read", "deny", "no_grant"));
+            rows.push(record(
+                n as u32 + 200,
+                at,
+                "bob",
+                "wiki.read",
+                "deny",
+                "no_grant_matches",
+            ));
         }
         rows.push(AuditRecord {
             decision_id: "full".to_owned(),
             at_ms: utc(2026, 11, 30),
             request_id: Some("req-1".to_owned()),
             gateway: "edge".to_owned(),
-            kind: "list".to_owned(),
-            outcome: "allow".to_owned(),
-            code: Some("granted".to_owned()),
+            kind: RecordKind::List,
+            outcome: RecordOutcome::Allow,
+            code: Some(RecordCode::Reason(ReasonCode::Granted)),
             path: Some("/grants/0".to_owned()),
             principal_id: Some("staff:ana".to_owned()),
             issuer: Some("staff".to_owned()),
@@ -1253,7 +1379,7 @@ mod sqlite_only {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn there_are_no_notifications() {
-        on_sqlite(|store, replica| async move {
+        on_sqlite(|store, replica, _raw| async move {
             store.publish(policy(1), None).await.expect("publish");
             let waited = tokio::time::timeout(Duration::from_millis(200), replica.policy_changed()).await;
             assert!(waited.is_err(), "SQLite never notifies: {waited:?}");
@@ -1327,10 +1453,11 @@ async fn connection_errors_never_show_the_password() {
 
 // ── Harness ───────────────────────────────────────────────────────────────
 
-/// Runs `scenario` on two stores over a fresh SQLite file, then removes it.
+/// Runs `scenario` on two stores over a fresh SQLite file (and hands it the
+/// file, as [`Raw`]), then removes it.
 async fn on_sqlite<F, Fut>(scenario: F)
 where
-    F: FnOnce(SqliteStore, SqliteStore) -> Fut,
+    F: FnOnce(SqliteStore, SqliteStore, Raw) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let file = TempFile::new();
@@ -1344,7 +1471,7 @@ where
         .expect("open SQLite again");
     // On its own task, so that a failing scenario still gets cleaned up
     // after: the panic is caught here and raised again below.
-    let outcome = tokio::spawn(scenario(store, replica)).await;
+    let outcome = tokio::spawn(scenario(store, replica, Raw::Sqlite(url))).await;
     drop(file);
     if let Err(error) = outcome {
         std::panic::resume_unwind(error.into_panic());
@@ -1377,6 +1504,54 @@ where
         Err(error) => panic!("cannot open the test database: {error}"),
         Ok(Err(panicked)) => std::panic::resume_unwind(panicked.into_panic()),
         Ok(Ok(())) => {}
+    }
+}
+
+/// The database under a scenario's store, for what the store itself would
+/// never do.
+enum Raw {
+    /// The SQLite file's URL.
+    Sqlite(String),
+    Postgres(Box<PgConnectOptions>),
+}
+
+impl Raw {
+    /// Runs `sqlite` or `postgres` (one or more statements), whichever the
+    /// dialect is, on a connection of its own.
+    async fn execute(&self, sqlite: &str, postgres: &str) {
+        match self {
+            Raw::Sqlite(url) => {
+                let mut connection = SqliteConnection::connect(url).await.expect("open the file");
+                connection
+                    .execute(AssertSqlSafe(sqlite.to_owned()))
+                    .await
+                    .expect("run the SQL");
+                connection.close().await.expect("close");
+            }
+            Raw::Postgres(options) => {
+                let mut connection = PgConnection::connect_with(options).await.expect("connect");
+                connection
+                    .execute(AssertSqlSafe(postgres.to_owned()))
+                    .await
+                    .expect("run the SQL");
+                connection.close().await.expect("close");
+            }
+        }
+    }
+
+    /// Makes the database refuse every audit record of `gateway`, as its
+    /// schema refuses an unknown outcome: a constraint on PostgreSQL (which
+    /// its partitions, also those made later, inherit), a trigger on SQLite
+    /// (whose tables take no constraint once made).
+    async fn refuse_gateway(&self, gateway: &str) {
+        self.execute(
+            &format!(
+                "CREATE TRIGGER audit_log_refuses BEFORE INSERT ON audit_log \
+                 WHEN NEW.gateway = '{gateway}' BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+            ),
+            &format!("ALTER TABLE audit_log ADD CONSTRAINT audit_log_refuses CHECK (gateway <> '{gateway}')"),
+        )
+        .await;
     }
 }
 
@@ -1450,15 +1625,15 @@ fn revisions(policies: &[StoredPolicy]) -> Vec<u64> {
     policies.iter().map(|policy| policy.revision).collect()
 }
 
-fn counted(calls: u64, window_start_ms: i64) -> Counted {
-    Counted {
+fn counted(calls: u64, window_start_ms: i64) -> CounterReading {
+    CounterReading {
         calls,
         window_start_ms,
     }
 }
 
 /// Consumes one call in a [`WINDOW_MS`] window, which must be granted.
-async fn taken<S: Store>(store: &S, key: CounterKey<'_>, at_ms: i64, limit: u64) -> Counted {
+async fn taken<S: Store>(store: &S, key: CounterKey<'_>, at_ms: i64, limit: u64) -> CounterReading {
     match store
         .consume(key, at_ms, WINDOW_MS, limit)
         .await
@@ -1476,14 +1651,17 @@ fn all(limit: u32) -> AuditFilter {
     }
 }
 
+/// A decision's record; `outcome` and `code` are spelled as the columns
+/// hold them, and must be real ones.
+#[track_caller]
 fn record(n: u32, at_ms: i64, principal: &str, capability: &str, outcome: &str, code: &str) -> AuditRecord {
     AuditRecord {
         decision_id: format!("d{n}"),
         at_ms,
         gateway: "edge".to_owned(),
-        kind: "decide".to_owned(),
-        outcome: outcome.to_owned(),
-        code: Some(code.to_owned()),
+        kind: RecordKind::Decide,
+        outcome: RecordOutcome::parse(outcome).unwrap_or_else(|| panic!("`{outcome}` is no outcome")),
+        code: Some(RecordCode::parse(code).unwrap_or_else(|| panic!("`{code}` is no code"))),
         principal_id: Some(principal.to_owned()),
         capability: Some(capability.to_owned()),
         ..AuditRecord::default()

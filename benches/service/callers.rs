@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use capgate::cli::remote::{Connection, Server};
 use capgate::cli::Failure;
-use capgate::store::{AuditRecord, Store};
+use capgate::store::{AuditRecord, RecordCode, RecordKind, RecordOutcome, Store};
 use capgate::wire::proto::decision_service_client::DecisionServiceClient;
 use capgate::wire::proto::policy_service_client::PolicyServiceClient;
 use capgate::wire::proto::{
@@ -318,9 +318,9 @@ fn audit_row(sequence: usize) -> AuditRecord {
         at_ms: now_ms(),
         request_id: None,
         gateway: "loopback".to_owned(),
-        kind: "decide".to_owned(),
-        outcome: "allow".to_owned(),
-        code: Some("granted".to_owned()),
+        kind: RecordKind::Decide,
+        outcome: RecordOutcome::Allow,
+        code: Some(RecordCode::Reason(capgate_core::access::ReasonCode::Granted)),
         path: Some("/grants/1".to_owned()),
         principal_id: Some(format!("bench:agent-{:05}", sequence % 1000)),
         issuer: Some("bench".to_owned()),

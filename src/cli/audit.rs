@@ -11,10 +11,7 @@ pub mod prune;
 
 use std::fmt::Write as _;
 
-use serde_json::Value;
-
-use crate::service::audit::record_json;
-use crate::store::{AnyStore, AuditFilter, AuditRecord, Store};
+use crate::store::{AuditFilter, AuditRecord, Store};
 
 use super::args::parse_instant;
 use super::remote::{runtime, Database};
@@ -85,14 +82,17 @@ fn query(args: &Query) -> Result<Outcome, Failure> {
         limit: args.limit,
     };
     let records = runtime()?.block_on(async {
-        let found = match args.database.open().await? {
-            AnyStore::Postgres(store) => store.query_audit(&filter).await,
-            AnyStore::Sqlite(store) => store.query_audit(&filter).await,
-        };
-        found.map_err(|error| Failure::Input(error.to_string()))
+        let store = args.database.open().await?;
+        store
+            .query_audit(&filter)
+            .await
+            .map_err(|error| Failure::Input(error.to_string()))
     })?;
     let stdout = if args.json {
-        super::to_json(&Value::Array(records.iter().map(record_json).collect()))
+        // The records' serde form: the columns, in table order (the spool's too).
+        let json = serde_json::to_value(&records)
+            .map_err(|error| Failure::Input(format!("cannot print the records as JSON: {error}")))?;
+        super::to_json(&json)
     } else {
         human(&records)
     };
@@ -137,7 +137,7 @@ fn human(records: &[AuditRecord]) -> String {
         let mut line = format!(
             "{}  {kind:6}  {outcome:15}  {:24}  {who}  {}",
             clock::format(*at_ms),
-            code.as_deref().unwrap_or("-"),
+            code.as_ref().map_or("-", |code| code.as_str()),
             capability.as_deref().unwrap_or("-"),
         );
         if let Some(tool) = tool {

@@ -3,7 +3,7 @@
 //! partitions (`serve` does the same at start-up). Exit 0 when the store is
 //! up to date, 3 when it cannot be opened or migrated.
 
-use crate::store::{self, AnyStore, Store, StoreError};
+use crate::store::{self, Store, StoreError};
 
 use super::remote::{runtime, Database};
 use super::{Exit, Failure, Outcome};
@@ -18,11 +18,10 @@ pub struct Args {
 pub fn run(args: &Args) -> Result<Outcome, Failure> {
     runtime()?.block_on(async {
         let now = clock::now();
-        let migrated = match args.database.open().await? {
-            AnyStore::Postgres(store) => migrate(&store, now).await,
-            AnyStore::Sqlite(store) => migrate(&store, now).await,
-        };
-        migrated.map_err(|error| Failure::Input(error.to_string()))
+        let store = args.database.open().await?;
+        migrate(&store, now)
+            .await
+            .map_err(|error| Failure::Input(error.to_string()))
     })?;
     Ok(Outcome {
         stdout: format!(

@@ -23,7 +23,6 @@ use crate::identity::{read_static_keys, StaticKeys};
 use crate::store::{Store, StoreError, StoredPolicy};
 use capgate_core::capabilities::Catalog;
 use capgate_core::policy::{compile, load_catalog, CompiledPolicy, Diagnostic, Document};
-use capgate_core::principals::Issuer;
 
 use super::health::Health;
 

@@ -18,7 +18,7 @@
 //! | `grpc/decisions.rs` | the `DecisionService` door (`Decide`, `ListVisible`) |
 //! | `grpc/policies.rs` | `PublishPolicy`, `GetActivePolicy`, `ListPolicyVersions`, `ActivatePolicy` |
 //! | `auth.rs` | bearer tokens and roles |
-//! | `audit.rs` | the group-commit writer and its local spool |
+//! | `audit/` | the group-commit writer (`mod.rs`) and its local spool (`spool.rs`) |
 //! | `retention.rs` | audit partitions made ahead of time |
 //! | `bounds.rs` | input bounds |
 
@@ -166,10 +166,9 @@ pub async fn run(
     config.check()?;
     let opened = store::connect(database_url, &StoreOptions::default()).await?;
     tracing::info!(store = %store::redact(database_url), "store opened");
-    match opened {
-        store::AnyStore::Postgres(store) => serve_until(store, config, shutdown).await,
-        store::AnyStore::Sqlite(store) => serve_until(store, config, shutdown).await,
-    }
+    // The one place the server is monomorphised: every request calls the store, so the server is
+    // compiled once per implementation rather than run over `AnyStore`'s delegation.
+    store::with_store!(opened, store => serve_until(store, config, shutdown).await)
 }
 
 async fn serve_until<S: Store>(

@@ -4,8 +4,11 @@
 //! replicas) and SQLite (the embedded default: one replica, a laptop, an
 //! edge box). Nothing else holds state (service.md §1).
 //!
-//! The server is generic over `Store` and monomorphised at start-up for the
-//! URL's scheme ([`connect`] returns an [`AnyStore`] to match on); the same
+//! [`connect`] opens the store a URL names as an [`AnyStore`], which is a
+//! `Store` itself: code that only calls the port takes `S: Store` and is
+//! handed the `AnyStore`. The server, which runs for long and calls the
+//! store on every request, is monomorphised instead, through
+//! `with_store!` — the one place that lists the implementations. The same
 //! behavioural suite (`tests/store.rs`) runs against both implementations.
 //!
 //! Changes to this port since the server started coding against it:
@@ -17,6 +20,12 @@
 //! * Added: [`connect`], [`StoreOptions`], [`AnyStore`], [`redact`].
 //! * Added: [`Store::prepare_audit_periods`] and [`Store::prune_audit`]
 //!   (audit retention, docs/decisions/0009-audit-partitioning.md).
+//! * Audit records are typed ([`RecordKind`], [`RecordOutcome`],
+//!   [`RecordCode`]); a stored value this build cannot read is
+//!   [`StoreError::Corrupt`].
+//! * [`StoreError`] keeps the database's error as its source.
+//! * `Counted` is now [`CounterReading`] (it is a counter as read, and the
+//!   core's `Usage::Counted` is another thing).
 
 use std::future::Future;
 use std::time::Duration;
@@ -32,16 +41,105 @@ pub mod sqlite;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
-/// Why a store operation failed. Messages never contain secret material
-/// (database URLs are redacted before they reach an error).
+/// Why a store operation failed.
+///
+/// Each message is one line that already says what went wrong, the
+/// database's own words included, because every caller prints it as one
+/// (a log field, a gRPC status, a CLI error). The database's error is also
+/// kept as the [`source`](std::error::Error::source), for callers that
+/// branch on it (an SQLSTATE, an I/O error); printing the chain as well
+/// would repeat it.
+///
+/// Messages never contain secret material: a URL is redacted ([`redact`])
+/// before it is kept, and sqlx's errors never quote the URL they were given
+/// (checked for sqlx 0.9: URL parse errors, connection, TLS and
+/// authentication failures); the one that quotes a character of the
+/// password is replaced (see `scrub`).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The database did not answer in time.
+    /// The database did not answer in time. Neither store returns it: the
+    /// server bounds each call itself (`--store-timeout`); it is here for
+    /// wrappers that bound an operation and report it as the store's.
     #[error("the store did not answer within {0} ms")]
     Timeout(u64),
-    /// The database refused or failed the operation.
-    #[error("store error: {0}")]
-    Database(String),
+    /// The database refused or failed `operation` (the port's method name,
+    /// or `connect`).
+    #[error("store error during {operation}: {source}")]
+    Database {
+        operation: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The store a URL names cannot be opened. `url` is redacted.
+    #[error("store error: cannot open `{url}`: {source}")]
+    Connect {
+        url: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The URL names no store this build has. `url` is redacted.
+    #[error("store error: unsupported database URL `{url}`: expected `postgres://…` or `sqlite://…`")]
+    UnsupportedUrl { url: String },
+    /// A migration failed; the schema is as the last applied one left it.
+    #[error("store error: migration failed: {0}")]
+    Migration(#[source] sqlx::migrate::MigrateError),
+    /// A value to write does not fit its column (an unsigned count past
+    /// `BIGINT`); nothing was written. Refused rather than clamped, because
+    /// the row would then lie.
+    #[error("store error: `{column}` {value} does not fit the store's BIGINT")]
+    OutOfRange { column: &'static str, value: u64 },
+    /// A stored value this build cannot read: a negative count, or a kind,
+    /// outcome or code it does not know (a newer build's, or a row written
+    /// behind the store's back). The whole read fails rather than skip or
+    /// guess.
+    #[error("store error: the stored `{column}` `{value}` is not a value this build can read")]
+    Corrupt { column: &'static str, value: String },
+    /// PostgreSQL's notification connection closed; the next
+    /// [`Store::policy_changed`] subscribes again.
+    #[error("store error: the notification connection was lost; changes may have been missed")]
+    NotificationsLost,
+    /// Another prune holds the prune lock (PostgreSQL).
+    #[error("store error: another prune of the audit trail is running; try again when it is done")]
+    PruneRunning,
+    /// A prune gave up waiting for its locks `attempts` times, each wait
+    /// bounded by `lock_wait_ms` (PostgreSQL); nothing was dropped.
+    #[error(
+        "store error: audit_log stayed busy through {attempts} attempts (each waits at most \
+         {lock_wait_ms} ms for its locks); nothing was dropped, try again later: {source}"
+    )]
+    PruneBusy {
+        attempts: u32,
+        lock_wait_ms: u64,
+        #[source]
+        source: sqlx::Error,
+    },
+}
+
+impl StoreError {
+    /// A database failure during `operation`, its message scrubbed.
+    pub(crate) fn database(operation: &'static str, source: sqlx::Error) -> StoreError {
+        StoreError::Database {
+            operation,
+            source: scrub(source),
+        }
+    }
+}
+
+/// `error`, unless its message quotes secret material. sqlx 0.9 reports a
+/// password that SASLprep refuses with the `Debug` form of stringprep's
+/// error, which names the offending character of the password; that one is
+/// replaced by a message of its own (still a configuration error).
+fn scrub(error: sqlx::Error) -> sqlx::Error {
+    match error {
+        sqlx::Error::Configuration(cause) if cause.to_string().contains("saslprep password") => {
+            sqlx::Error::Configuration(
+                "the password cannot be prepared for SCRAM authentication (SASLprep refuses one of \
+                 its characters)"
+                    .into(),
+            )
+        }
+        other => other,
+    }
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -103,7 +201,7 @@ pub struct CounterKey<'a> {
 
 /// A counter as read: calls counted in the window opened at `window_start_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Counted {
+pub struct CounterReading {
     pub calls: u64,
     pub window_start_ms: i64,
 }
@@ -112,7 +210,7 @@ pub struct Counted {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Consumed {
     /// One call taken; the counter now reads this.
-    Taken(Counted),
+    Taken(CounterReading),
     /// The window is full: nothing taken (another request took the last call).
     Refused,
 }
@@ -126,6 +224,22 @@ pub enum RecordKind {
     Decide,
     /// One capability seen in a listing.
     List,
+}
+
+impl RecordKind {
+    pub const ALL: [RecordKind; 2] = [RecordKind::Decide, RecordKind::List];
+
+    /// The column's text, which is also the serde name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordKind::Decide => "decide",
+            RecordKind::List => "list",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<RecordKind> {
+        RecordKind::ALL.into_iter().find(|kind| kind.as_str() == text)
+    }
 }
 
 /// How a request ended, as the audit trail records it (the `outcome` column).
@@ -142,16 +256,15 @@ pub enum RecordOutcome {
     UnknownTool,
 }
 
-impl RecordKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RecordKind::Decide => "decide",
-            RecordKind::List => "list",
-        }
-    }
-}
-
 impl RecordOutcome {
+    pub const ALL: [RecordOutcome; 4] = [
+        RecordOutcome::Allow,
+        RecordOutcome::Deny,
+        RecordOutcome::Unauthenticated,
+        RecordOutcome::UnknownTool,
+    ];
+
+    /// The column's text, which is also the serde name.
     pub fn as_str(self) -> &'static str {
         match self {
             RecordOutcome::Allow => "allow",
@@ -159,6 +272,12 @@ impl RecordOutcome {
             RecordOutcome::Unauthenticated => "unauthenticated",
             RecordOutcome::UnknownTool => "unknown_tool",
         }
+    }
+
+    pub fn parse(text: &str) -> Option<RecordOutcome> {
+        RecordOutcome::ALL
+            .into_iter()
+            .find(|outcome| outcome.as_str() == text)
     }
 }
 
@@ -172,6 +291,7 @@ pub enum RecordCode {
 }
 
 impl RecordCode {
+    /// The column's text, which is also the serde form.
     pub fn as_str(self) -> &'static str {
         match self {
             RecordCode::Reason(code) => code.as_str(),
@@ -191,6 +311,26 @@ impl RecordCode {
                     .find(|problem| problem.as_str() == text)
                     .map(RecordCode::Problem)
             })
+    }
+}
+
+// As text wherever they are shown; `pad` so that a width (`{kind:6}`) applies.
+
+impl std::fmt::Display for RecordKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl std::fmt::Display for RecordOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl std::fmt::Display for RecordCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
     }
 }
 
@@ -328,7 +468,10 @@ pub trait Store: Clone + Send + Sync + 'static {
     // ── Usage counters ────────────────────────────────────────────────────
 
     /// The counter for `key`, if any call was ever counted.
-    fn read_usage(&self, key: CounterKey<'_>) -> impl Future<Output = StoreResult<Option<Counted>>> + Send;
+    fn read_usage(
+        &self,
+        key: CounterKey<'_>,
+    ) -> impl Future<Output = StoreResult<Option<CounterReading>>> + Send;
 
     /// In one statement: start a new window at `at_ms` if the current one
     /// expired (`at_ms − window_start ≥ window_ms`), else add one call only if
@@ -413,12 +556,100 @@ impl Default for StoreOptions {
     }
 }
 
-/// A store opened from a URL; the server matches on it once and runs
-/// monomorphised over the implementation.
+/// A store opened from a URL ([`connect`]), whichever implementation it
+/// names. It is a [`Store`] itself, each method delegating to the
+/// implementation: code that only calls the port is written once, against
+/// `S: Store`, and handed this. The server is monomorphised instead, with
+/// `with_store!`.
 #[derive(Clone)]
 pub enum AnyStore {
     Postgres(PostgresStore),
     Sqlite(SqliteStore),
+}
+
+/// `with_store!(any, store => body)`: evaluates `body` with `store` bound to
+/// the implementation inside the [`AnyStore`] `any` (by value, or by
+/// reference when `any` is a reference), so that generic code in `body` is
+/// compiled once per implementation — for the server, which calls the store
+/// on every request and runs for long (`service::run`, and `capgate bench`
+/// which measures that server). The one place, with [`connect`], that lists
+/// the implementations: a new one is added here and nowhere else.
+macro_rules! with_store {
+    ($any:expr, $store:ident => $body:expr) => {
+        match $any {
+            $crate::store::AnyStore::Postgres($store) => $body,
+            $crate::store::AnyStore::Sqlite($store) => $body,
+        }
+    };
+}
+pub(crate) use with_store;
+
+impl Store for AnyStore {
+    async fn migrate(&self) -> StoreResult<()> {
+        with_store!(self, store => store.migrate().await)
+    }
+
+    async fn active_policy(&self) -> StoreResult<Option<StoredPolicy>> {
+        with_store!(self, store => store.active_policy().await)
+    }
+
+    async fn publish(&self, new: NewPolicy, expected: ExpectedRevision) -> StoreResult<PublishOutcome> {
+        with_store!(self, store => store.publish(new, expected).await)
+    }
+
+    async fn activate(&self, revision: u64, expected: ExpectedRevision) -> StoreResult<ActivateOutcome> {
+        with_store!(self, store => store.activate(revision, expected).await)
+    }
+
+    async fn policy(&self, revision: u64) -> StoreResult<Option<StoredPolicy>> {
+        with_store!(self, store => store.policy(revision).await)
+    }
+
+    async fn list_policies(&self, limit: u32) -> StoreResult<Vec<StoredPolicy>> {
+        with_store!(self, store => store.list_policies(limit).await)
+    }
+
+    async fn policy_changed(&self) -> StoreResult<()> {
+        with_store!(self, store => store.policy_changed().await)
+    }
+
+    async fn read_usage(&self, key: CounterKey<'_>) -> StoreResult<Option<CounterReading>> {
+        with_store!(self, store => store.read_usage(key).await)
+    }
+
+    async fn consume(
+        &self,
+        key: CounterKey<'_>,
+        at_ms: i64,
+        window_ms: u64,
+        limit: u64,
+    ) -> StoreResult<Consumed> {
+        with_store!(self, store => store.consume(key, at_ms, window_ms, limit).await)
+    }
+
+    async fn append_audit(
+        &self,
+        records: &[AuditRecord],
+        remembered: &[(String, String, Remembered)],
+    ) -> StoreResult<()> {
+        with_store!(self, store => store.append_audit(records, remembered).await)
+    }
+
+    async fn remembered(&self, gateway: &str, request_id: &str) -> StoreResult<Option<Remembered>> {
+        with_store!(self, store => store.remembered(gateway, request_id).await)
+    }
+
+    async fn query_audit(&self, filter: &AuditFilter) -> StoreResult<Vec<AuditRecord>> {
+        with_store!(self, store => store.query_audit(filter).await)
+    }
+
+    async fn prepare_audit_periods(&self, now_ms: i64) -> StoreResult<()> {
+        with_store!(self, store => store.prepare_audit_periods(now_ms).await)
+    }
+
+    async fn prune_audit(&self, before_ms: i64, dry_run: bool) -> StoreResult<Vec<PrunedPeriod>> {
+        with_store!(self, store => store.prune_audit(before_ms, dry_run).await)
+    }
 }
 
 /// Opens the store a `--database-url` names: `postgres://…` (or
@@ -432,17 +663,15 @@ pub async fn connect(url: &str, options: &StoreOptions) -> StoreResult<AnyStore>
     } else if url.starts_with("sqlite:") {
         SqliteStore::connect(url, options).await.map(AnyStore::Sqlite)
     } else {
-        return Err(StoreError::Database(format!(
-            "unsupported database URL `{}`: expected `postgres://…` or `sqlite://…`",
-            redact(url)
-        )));
+        return Err(StoreError::UnsupportedUrl { url: redact(url) });
     };
-    opened.map_err(|error| {
-        let cause = match error {
-            StoreError::Database(cause) => cause,
-            StoreError::Timeout(_) => error.to_string(),
-        };
-        StoreError::Database(format!("cannot open `{}`: {cause}", redact(url)))
+    // The implementations' errors never hold the URL; this one names it.
+    opened.map_err(|error| match error {
+        StoreError::Database { source, .. } => StoreError::Connect {
+            url: redact(url),
+            source,
+        },
+        other => other,
     })
 }
 
@@ -495,7 +724,56 @@ pub fn redact(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::redact;
+    use super::*;
+
+    #[test]
+    fn record_texts_are_their_serde_names_and_parse_back() {
+        for kind in RecordKind::ALL {
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+            assert_eq!(RecordKind::parse(kind.as_str()), Some(kind));
+            assert_eq!(format!("{kind:7}|"), format!("{:7}|", kind.as_str()));
+        }
+        for outcome in RecordOutcome::ALL {
+            assert_eq!(serde_json::to_value(outcome).unwrap(), outcome.as_str());
+            assert_eq!(RecordOutcome::parse(outcome.as_str()), Some(outcome));
+        }
+        let codes = ReasonCode::ALL
+            .into_iter()
+            .map(RecordCode::Reason)
+            .chain(AuthProblem::ALL.into_iter().map(RecordCode::Problem));
+        for code in codes {
+            // Parsing finds the code itself, not a same-spelled one of the other vocabulary.
+            assert_eq!(RecordCode::parse(code.as_str()), Some(code));
+            let json = serde_json::to_value(code).unwrap();
+            assert_eq!(json, code.as_str());
+            assert_eq!(serde_json::from_value::<RecordCode>(json).unwrap(), code);
+        }
+        assert_eq!(RecordKind::parse("Decide"), None);
+        assert_eq!(RecordOutcome::parse("perhaps"), None);
+        assert_eq!(RecordCode::parse("no_grant"), None);
+        assert!(serde_json::from_value::<RecordCode>(serde_json::json!("no_grant")).is_err());
+    }
+
+    #[test]
+    fn a_refused_password_is_not_quoted() {
+        // What sqlx 0.9 reports for a password SASLprep refuses (U+0007 in it).
+        let leaky = sqlx::Error::Configuration(
+            "Failed to saslprep password: Error(ProhibitedCharacter('\\u{7}'))".into(),
+        );
+        let message = StoreError::database("connect", leaky).to_string();
+        assert!(!message.contains("ProhibitedCharacter"), "{message}");
+        assert!(
+            message.contains("SASLprep refuses one of its characters"),
+            "{message}"
+        );
+        // Other configuration errors are kept as they are.
+        let plain = sqlx::Error::Configuration("unknown value \"x\" for `ssl_mode`".into());
+        let message = StoreError::database("connect", plain).to_string();
+        assert!(
+            message.ends_with("unknown value \"x\" for `ssl_mode`"),
+            "{message}"
+        );
+    }
 
     #[track_caller]
     fn check(url: &str, expected: &str) {

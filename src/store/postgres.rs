@@ -26,11 +26,12 @@ use tokio::sync::Mutex;
 
 use super::retention::{self, Period, RangeBounds};
 use super::sql::{
-    self, ActivatePlan, AuditIntegers, AuditRow, CountedRow, PolicyRow, PublishPlan, RememberedRow,
+    self, ActivatePlan, AuditIntegers, AuditRow, CounterRow, During, PolicyRow, PublishPlan, RememberedRow,
 };
 use super::{
-    ActivateOutcome, AuditFilter, AuditRecord, Consumed, Counted, CounterKey, ExpectedRevision, NewPolicy,
-    PrunedPeriod, PublishOutcome, Remembered, Store, StoreError, StoreOptions, StoreResult, StoredPolicy,
+    ActivateOutcome, AuditFilter, AuditRecord, Consumed, CounterKey, CounterReading, ExpectedRevision,
+    NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, Store, StoreError, StoreOptions,
+    StoreResult, StoredPolicy,
 };
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
@@ -81,7 +82,7 @@ impl PostgresStore {
     /// Opens a pool on `url` (`postgres://…`). Errors may quote sqlx's
     /// message but never the URL; [`super::connect`] adds the redacted URL.
     pub async fn connect(url: &str, options: &StoreOptions) -> StoreResult<Self> {
-        let connect_options = PgConnectOptions::from_str(url)?;
+        let connect_options = PgConnectOptions::from_str(url).during("connect")?;
         Self::connect_with(connect_options, options).await
     }
 
@@ -95,9 +96,11 @@ impl PostgresStore {
         // then fails at once with its cause, where the pool would retry
         // until `acquire_timeout` and report only that it timed out.
         PgConnection::connect_with(&connect_options)
-            .await?
+            .await
+            .during("connect")?
             .close()
-            .await?;
+            .await
+            .during("connect")?;
         let statement_timeout = options
             .statement_timeout
             .map(|timeout| timeout.as_millis().to_string());
@@ -137,9 +140,11 @@ impl PostgresStore {
         })
     }
 
+    /// The policy at `revision`, read as part of `operation`.
     async fn policy_in(
         executor: impl Executor<'_, Database = Postgres>,
         revision: i64,
+        operation: &'static str,
     ) -> StoreResult<Option<StoredPolicy>> {
         sqlx::query_as::<_, PolicyRow>(
             "SELECT revision, version, artifact, catalog, author, comment, created_at \
@@ -147,14 +152,15 @@ impl PostgresStore {
         )
         .bind(revision)
         .fetch_optional(executor)
-        .await?
+        .await
+        .during(operation)?
         .map(PolicyRow::into_policy)
         .transpose()
     }
 }
 
 /// Tells every listening replica, once the surrounding transaction commits.
-async fn notify(connection: &mut PgConnection, revision: u64) -> StoreResult<()> {
+async fn notify(connection: &mut PgConnection, revision: u64) -> Result<(), sqlx::Error> {
     sqlx::query("SELECT pg_notify($1, $2)")
         .bind(POLICY_CHANNEL)
         .bind(revision.to_string())
@@ -166,12 +172,10 @@ async fn notify(connection: &mut PgConnection, revision: u64) -> StoreResult<()>
 /// Locks the active pointer until the transaction ends; every change of the
 /// active version takes this lock first, so changes are serialised across
 /// replicas and a compare-and-set sees the latest committed state.
-async fn lock_active(connection: &mut PgConnection) -> StoreResult<Option<i64>> {
-    Ok(
-        sqlx::query_scalar("SELECT revision FROM active_policy FOR UPDATE")
-            .fetch_one(connection)
-            .await?,
-    )
+async fn lock_active(connection: &mut PgConnection) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar("SELECT revision FROM active_policy FOR UPDATE")
+        .fetch_one(connection)
+        .await
 }
 
 impl Store for PostgresStore {
@@ -182,10 +186,11 @@ impl Store for PostgresStore {
         let pool = PgPoolOptions::new()
             .max_connections(1)
             .connect_with((*self.options).clone())
-            .await?;
+            .await
+            .during("migrate")?;
         let migrated = MIGRATOR.run(&pool).await;
         pool.close().await;
-        Ok(migrated?)
+        migrated.map_err(StoreError::Migration)
     }
 
     async fn active_policy(&self) -> StoreResult<Option<StoredPolicy>> {
@@ -194,24 +199,25 @@ impl Store for PostgresStore {
              FROM active_policy a JOIN policy_versions p ON p.revision = a.revision",
         )
         .fetch_optional(&self.pool)
-        .await?
+        .await
+        .during("active_policy")?
         .map(PolicyRow::into_policy)
         .transpose()
     }
 
     async fn publish(&self, new: NewPolicy, expected: ExpectedRevision) -> StoreResult<PublishOutcome> {
-        let mut tx = self.pool.begin().await?;
-        let active = match lock_active(&mut tx).await? {
-            Some(revision) => Self::policy_in(&mut *tx, revision).await?,
+        let mut tx = self.pool.begin().await.during("publish")?;
+        let active = match lock_active(&mut tx).await.during("publish")? {
+            Some(revision) => Self::policy_in(&mut *tx, revision, "publish").await?,
             None => None,
         };
         match sql::plan_publish(active, &new, expected) {
             PublishPlan::Unchanged(active) => {
-                tx.rollback().await?;
+                tx.rollback().await.during("publish")?;
                 Ok(PublishOutcome::Unchanged(active))
             }
             PublishPlan::Conflict { active } => {
-                tx.rollback().await?;
+                tx.rollback().await.during("publish")?;
                 Ok(PublishOutcome::Conflict { active })
             }
             PublishPlan::Insert => {
@@ -235,49 +241,56 @@ impl Store for PostgresStore {
                 .bind(comment)
                 .bind(created_at_ms)
                 .fetch_one(&mut *tx)
-                .await?
+                .await
+                .during("publish")?
                 .into_policy()?;
                 sqlx::query("UPDATE active_policy SET revision = $1")
                     .bind(sql::to_bigint(stored.revision, "revision")?)
                     .execute(&mut *tx)
-                    .await?;
-                notify(&mut tx, stored.revision).await?;
-                tx.commit().await?;
+                    .await
+                    .during("publish")?;
+                notify(&mut tx, stored.revision).await.during("publish")?;
+                tx.commit().await.during("publish")?;
                 Ok(PublishOutcome::Activated(stored))
             }
         }
     }
 
     async fn activate(&self, revision: u64, expected: ExpectedRevision) -> StoreResult<ActivateOutcome> {
-        let mut tx = self.pool.begin().await?;
-        let active = lock_active(&mut tx).await?.map(sql::to_revision).transpose()?;
+        let mut tx = self.pool.begin().await.during("activate")?;
+        let active = lock_active(&mut tx)
+            .await
+            .during("activate")?
+            .map(sql::to_revision)
+            .transpose()?;
         let plan = sql::plan_activate(active, revision, expected);
         if let ActivatePlan::Conflict { active } = plan {
-            tx.rollback().await?;
+            tx.rollback().await.during("activate")?;
             return Ok(ActivateOutcome::Conflict { active });
         }
         let target = match i64::try_from(revision) {
-            Ok(revision) => Self::policy_in(&mut *tx, revision).await?,
+            Ok(revision) => Self::policy_in(&mut *tx, revision, "activate").await?,
             Err(_) => None,
         };
         let Some(policy) = target else {
-            tx.rollback().await?;
+            tx.rollback().await.during("activate")?;
             return Ok(ActivateOutcome::NotFound);
         };
         if let ActivatePlan::Switch = plan {
             sqlx::query("UPDATE active_policy SET revision = $1")
                 .bind(sql::to_bigint(policy.revision, "revision")?)
                 .execute(&mut *tx)
-                .await?;
-            notify(&mut tx, policy.revision).await?;
+                .await
+                .during("activate")?;
+            notify(&mut tx, policy.revision).await.during("activate")?;
         }
-        tx.commit().await?;
+        tx.commit().await.during("activate")?;
         Ok(ActivateOutcome::Activated(policy))
     }
 
     async fn policy(&self, revision: u64) -> StoreResult<Option<StoredPolicy>> {
         match i64::try_from(revision) {
-            Ok(revision) => Self::policy_in(&self.pool, revision).await,
+            Ok(revision) => Self::policy_in(&self.pool, revision, "policy").await,
             Err(_) => Ok(None),
         }
     }
@@ -289,7 +302,8 @@ impl Store for PostgresStore {
         )
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
-        .await?
+        .await
+        .during("list_policies")?
         .into_iter()
         .map(PolicyRow::into_policy)
         .collect()
@@ -299,12 +313,12 @@ impl Store for PostgresStore {
         let mut subscription = self.subscription.lock().await;
         let Subscription { pool, listener } = &mut *subscription;
         let Some(active) = listener else {
-            let mut fresh = PgListener::connect_with(pool).await?;
+            let mut fresh = PgListener::connect_with(pool).await.during("policy_changed")?;
             // Reconnecting quietly would lose what was sent in between;
             // reporting the loss lets the server read the active version
             // again, and the next call subscribes again.
             fresh.eager_reconnect(false);
-            fresh.listen(POLICY_CHANNEL).await?;
+            fresh.listen(POLICY_CHANNEL).await.during("policy_changed")?;
             *listener = Some(fresh);
             // Anything may have changed before the subscription existed.
             return Ok(());
@@ -313,26 +327,25 @@ impl Store for PostgresStore {
             Ok(Some(_notification)) => Ok(()),
             Ok(None) => {
                 *listener = None;
-                Err(StoreError::Database(
-                    "the notification connection was lost; changes may have been missed".to_owned(),
-                ))
+                Err(StoreError::NotificationsLost)
             }
             Err(error) => {
                 *listener = None;
-                Err(error.into())
+                Err(StoreError::database("policy_changed", error))
             }
         }
     }
 
-    async fn read_usage(&self, key: CounterKey<'_>) -> StoreResult<Option<Counted>> {
-        sqlx::query_as::<_, CountedRow>(
+    async fn read_usage(&self, key: CounterKey<'_>) -> StoreResult<Option<CounterReading>> {
+        sqlx::query_as::<_, CounterRow>(
             "SELECT calls, window_start FROM usage_counters WHERE principal_id = $1 AND capability = $2",
         )
         .bind(key.principal_id)
         .bind(key.capability)
         .fetch_optional(&self.pool)
-        .await?
-        .map(CountedRow::into_counted)
+        .await
+        .during("read_usage")?
+        .map(CounterRow::into_reading)
         .transpose()
     }
 
@@ -353,7 +366,7 @@ impl Store for PostgresStore {
         // against the row as the one before it left it, so the calls in one
         // window never exceed `limit`, across replicas. In `SET`, `c.` names
         // the row before the update in both expressions.
-        let counted = sqlx::query_as::<_, CountedRow>(
+        let counted = sqlx::query_as::<_, CounterRow>(
             "INSERT INTO usage_counters AS c (principal_id, capability, window_start, calls) \
              VALUES ($1, $2, $3, 1) \
              ON CONFLICT (principal_id, capability) DO UPDATE SET \
@@ -369,9 +382,10 @@ impl Store for PostgresStore {
         .bind(sql::expired_at_or_before(at_ms, window_ms))
         .bind(sql::saturating_bigint(limit))
         .fetch_optional(&self.pool)
-        .await?;
+        .await
+        .during("consume")?;
         match counted {
-            Some(row) => Ok(Consumed::Taken(row.into_counted()?)),
+            Some(row) => Ok(Consumed::Taken(row.into_reading()?)),
             None => Ok(Consumed::Refused),
         }
     }
@@ -384,7 +398,7 @@ impl Store for PostgresStore {
         if records.is_empty() && remembered.is_empty() {
             return Ok(());
         }
-        match self.insert_audit(AuditColumns::of(records)?, remembered).await {
+        match self.insert_audit(AuditArrays::of(records)?, remembered).await {
             // A record whose month has no partition (a replay of old records,
             // a clock far off, a database no server prepared): create the
             // partitions the batch needs and try once more. Only then, so the
@@ -396,10 +410,12 @@ impl Store for PostgresStore {
                     .iter()
                     .map(|record| Period::containing(record.at_ms))
                     .collect();
-                self.create_partitions(&periods).await?;
-                Ok(self.insert_audit(AuditColumns::of(records)?, remembered).await?)
+                self.create_partitions(&periods).await.during("append_audit")?;
+                self.insert_audit(AuditArrays::of(records)?, remembered)
+                    .await
+                    .during("append_audit")
             }
-            inserted => Ok(inserted?),
+            inserted => inserted.during("append_audit"),
         }
     }
 
@@ -411,7 +427,8 @@ impl Store for PostgresStore {
         .bind(gateway)
         .bind(request_id)
         .fetch_optional(&self.pool)
-        .await?
+        .await
+        .during("remembered")?
         .map(RememberedRow::into_remembered))
     }
 
@@ -419,7 +436,8 @@ impl Store for PostgresStore {
         sql::audit_query::<Postgres>(filter)
             .build_query_as::<AuditRow>()
             .fetch_all(&self.pool)
-            .await?
+            .await
+            .during("query_audit")?
             .into_iter()
             .map(AuditRow::into_record)
             .collect()
@@ -427,14 +445,17 @@ impl Store for PostgresStore {
 
     async fn prepare_audit_periods(&self, now_ms: i64) -> StoreResult<()> {
         let wanted: BTreeSet<Period> = retention::periods_from(now_ms).into_iter().collect();
-        let existing = partitions(&self.pool).await?;
+        let existing = partitions(&self.pool).await.during("prepare_audit_periods")?;
         if wanted
             .iter()
             .all(|period| existing.iter().any(|partition| partition.name == period.name()))
         {
             return Ok(());
         }
-        let created = self.create_partitions(&wanted).await?;
+        let created = self
+            .create_partitions(&wanted)
+            .await
+            .during("prepare_audit_periods")?;
         if created > 0 {
             tracing::info!(created, "audit partitions created ahead of time");
         }
@@ -446,23 +467,19 @@ impl Store for PostgresStore {
         loop {
             match self.try_prune(before_ms, dry_run).await {
                 Ok(Some(pruned)) => return Ok(pruned),
-                Ok(None) => {
-                    return Err(StoreError::Database(
-                        "another prune of the audit trail is running; try again when it is done".to_owned(),
-                    ))
-                }
+                Ok(None) => return Err(StoreError::PruneRunning),
                 Err(error) if is_busy(&error) && attempt < PRUNE_ATTEMPTS => {
                     tokio::time::sleep(PRUNE_LOCK_TIMEOUT * attempt).await;
                     attempt += 1;
                 }
                 Err(error) if is_busy(&error) => {
-                    return Err(StoreError::Database(format!(
-                        "audit_log stayed busy through {PRUNE_ATTEMPTS} attempts (each waits at most \
-                         {} ms for its locks); nothing was dropped, try again later: {error}",
-                        PRUNE_LOCK_TIMEOUT.as_millis()
-                    )))
+                    return Err(StoreError::PruneBusy {
+                        attempts: PRUNE_ATTEMPTS,
+                        lock_wait_ms: u64::try_from(PRUNE_LOCK_TIMEOUT.as_millis()).unwrap_or(u64::MAX),
+                        source: error,
+                    })
                 }
-                Err(error) => return Err(error.into()),
+                Err(error) => return Err(StoreError::database("prune_audit", error)),
             }
         }
     }
@@ -472,7 +489,7 @@ impl PostgresStore {
     /// Inserts a batch in one transaction, as `append_audit` describes.
     async fn insert_audit(
         &self,
-        columns: AuditColumns,
+        columns: AuditArrays,
         remembered: &[(String, String, Remembered)],
     ) -> Result<(), sqlx::Error> {
         let records = !columns.decision_id.is_empty();
@@ -554,7 +571,7 @@ impl PostgresStore {
     /// locks `audit_log` only against other schema changes (`SHARE UPDATE
     /// EXCLUSIVE`), where `CREATE TABLE … PARTITION OF` would lock out every
     /// writer and reader for the moment it takes.
-    async fn create_partitions(&self, periods: &BTreeSet<Period>) -> StoreResult<usize> {
+    async fn create_partitions(&self, periods: &BTreeSet<Period>) -> Result<usize, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(PARTITION_LOCK)
@@ -727,14 +744,14 @@ fn is_busy(error: &sqlx::Error) -> bool {
 }
 
 /// A batch of audit records turned into one array per column, for `UNNEST`.
-struct AuditColumns {
+struct AuditArrays {
     decision_id: Vec<String>,
     at: Vec<i64>,
     request_id: Vec<Option<String>>,
     gateway: Vec<String>,
-    kind: Vec<String>,
-    outcome: Vec<String>,
-    code: Vec<Option<String>>,
+    kind: Vec<&'static str>,
+    outcome: Vec<&'static str>,
+    code: Vec<Option<&'static str>>,
     path: Vec<Option<String>>,
     principal_id: Vec<Option<String>>,
     issuer: Vec<Option<String>>,
@@ -749,10 +766,10 @@ struct AuditColumns {
     policy_revision: Vec<Option<i64>>,
 }
 
-impl AuditColumns {
+impl AuditArrays {
     fn of(records: &[AuditRecord]) -> StoreResult<Self> {
         let n = records.len();
-        let mut columns = AuditColumns {
+        let mut columns = AuditArrays {
             decision_id: Vec::with_capacity(n),
             at: Vec::with_capacity(n),
             request_id: Vec::with_capacity(n),
@@ -802,9 +819,9 @@ impl AuditColumns {
             columns.at.push(*at_ms);
             columns.request_id.push(request_id.clone());
             columns.gateway.push(gateway.clone());
-            columns.kind.push(kind.clone());
-            columns.outcome.push(outcome.clone());
-            columns.code.push(code.clone());
+            columns.kind.push(kind.as_str());
+            columns.outcome.push(outcome.as_str());
+            columns.code.push(code.map(RecordCode::as_str));
             columns.path.push(path.clone());
             columns.principal_id.push(principal_id.clone());
             columns.issuer.push(issuer.clone());

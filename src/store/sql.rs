@@ -1,8 +1,10 @@
 //! What the two SQL implementations share, so that they cannot drift apart
 //! where no dialect difference forces them to: the shapes of the rows they
 //! read, the conversions between the port's unsigned integers and SQL's
-//! signed `BIGINT`, the decisions of `publish` and `activate` once the active
-//! pointer is locked, and the `WHERE` clause of an audit query.
+//! signed `BIGINT` and between the record's types and their text, how a
+//! failure names its operation, the decisions of `publish` and `activate`
+//! once the active pointer is locked, and the `WHERE` clause of an audit
+//! query.
 //!
 //! The SQL that differs (locking, bulk inserts, notifications) lives in
 //! `postgres.rs` and `sqlite.rs`.
@@ -10,31 +12,38 @@
 use sqlx::{Database, Encode, QueryBuilder, Type};
 
 use super::{
-    AuditFilter, AuditRecord, Counted, ExpectedRevision, NewPolicy, Remembered, StoreError, StoreResult,
-    StoredPolicy,
+    AuditFilter, AuditRecord, CounterReading, ExpectedRevision, NewPolicy, RecordCode, RecordKind,
+    RecordOutcome, Remembered, StoreError, StoreResult, StoredPolicy,
 };
 
-impl From<sqlx::Error> for StoreError {
-    fn from(error: sqlx::Error) -> Self {
-        StoreError::Database(error.to_string())
-    }
+/// Names the operation a database failure happened in. There is no
+/// `From<sqlx::Error>` for [`StoreError`], so that no `?` can forget to.
+pub(super) trait During<T> {
+    fn during(self, operation: &'static str) -> StoreResult<T>;
 }
 
-impl From<sqlx::migrate::MigrateError> for StoreError {
-    fn from(error: sqlx::migrate::MigrateError) -> Self {
-        StoreError::Database(format!("migration failed: {error}"))
+impl<T> During<T> for Result<T, sqlx::Error> {
+    fn during(self, operation: &'static str) -> StoreResult<T> {
+        self.map_err(|source| StoreError::database(operation, source))
     }
 }
 
 /// A port integer as a `BIGINT`. Values past `i64::MAX` are refused rather
 /// than wrapped or clamped, because the record would then lie.
-pub(super) fn to_bigint(value: u64, column: &str) -> StoreResult<i64> {
-    i64::try_from(value)
-        .map_err(|_| StoreError::Database(format!("`{column}` {value} does not fit the store's BIGINT")))
+pub(super) fn to_bigint(value: u64, column: &'static str) -> StoreResult<i64> {
+    i64::try_from(value).map_err(|_| StoreError::OutOfRange { column, value })
 }
 
-fn to_unsigned(value: i64, column: &str) -> StoreResult<u64> {
-    u64::try_from(value).map_err(|_| StoreError::Database(format!("stored `{column}` is negative: {value}")))
+fn to_unsigned(value: i64, column: &'static str) -> StoreResult<u64> {
+    u64::try_from(value).map_err(|_| StoreError::Corrupt {
+        column,
+        value: value.to_string(),
+    })
+}
+
+/// A stored text as the closed type `parse` reads it into.
+fn to_typed<T>(text: String, column: &'static str, parse: impl FnOnce(&str) -> Option<T>) -> StoreResult<T> {
+    parse(&text).ok_or(StoreError::Corrupt { column, value: text })
 }
 
 /// A stored revision as the port's `u64`.
@@ -42,7 +51,7 @@ pub(super) fn to_revision(value: i64) -> StoreResult<u64> {
     to_unsigned(value, "revision")
 }
 
-fn to_unsigned_opt(value: Option<i64>, column: &str) -> StoreResult<Option<u64>> {
+fn to_unsigned_opt(value: Option<i64>, column: &'static str) -> StoreResult<Option<u64>> {
     value.map(|value| to_unsigned(value, column)).transpose()
 }
 
@@ -102,14 +111,14 @@ impl PolicyRow {
 }
 
 #[derive(sqlx::FromRow)]
-pub(super) struct CountedRow {
+pub(super) struct CounterRow {
     calls: i64,
     window_start: i64,
 }
 
-impl CountedRow {
-    pub(super) fn into_counted(self) -> StoreResult<Counted> {
-        Ok(Counted {
+impl CounterRow {
+    pub(super) fn into_reading(self) -> StoreResult<CounterReading> {
+        Ok(CounterReading {
             calls: to_unsigned(self.calls, "calls")?,
             window_start_ms: self.window_start,
         })
@@ -184,9 +193,11 @@ impl AuditRow {
             at_ms: at,
             request_id,
             gateway,
-            kind,
-            outcome,
-            code,
+            kind: to_typed(kind, "kind", RecordKind::parse)?,
+            outcome: to_typed(outcome, "outcome", RecordOutcome::parse)?,
+            code: code
+                .map(|code| to_typed(code, "code", RecordCode::parse))
+                .transpose()?,
             path,
             principal_id,
             issuer,
@@ -357,6 +368,76 @@ mod tests {
             comment: String::new(),
             created_at_ms: 0,
         }
+    }
+
+    fn row(kind: &str, outcome: &str, code: Option<&str>, usage_calls: Option<i64>) -> AuditRow {
+        AuditRow {
+            decision_id: "d1".to_owned(),
+            at: 1_000,
+            request_id: None,
+            gateway: "edge".to_owned(),
+            kind: kind.to_owned(),
+            outcome: outcome.to_owned(),
+            code: code.map(str::to_owned),
+            path: None,
+            principal_id: None,
+            issuer: None,
+            subject: None,
+            capability: None,
+            tool: None,
+            account_id: None,
+            limit_calls: None,
+            limit_per: None,
+            usage_calls,
+            policy_version: None,
+            policy_revision: None,
+        }
+    }
+
+    #[track_caller]
+    fn corrupt(row: AuditRow) -> (&'static str, String) {
+        match row.into_record() {
+            Err(StoreError::Corrupt { column, value }) => (column, value),
+            other => panic!("expected a corrupt value, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn stored_texts_are_read_into_the_record_types() {
+        let record = row("list", "unauthenticated", Some("issuer_unknown"), Some(3))
+            .into_record()
+            .expect("a readable row");
+        assert_eq!(record.kind, RecordKind::List);
+        assert_eq!(record.outcome, RecordOutcome::Unauthenticated);
+        assert_eq!(record.code.map(RecordCode::as_str), Some("issuer_unknown"));
+        assert_eq!(record.usage_calls, Some(3));
+        assert_eq!(
+            row("decide", "unknown_tool", None, None)
+                .into_record()
+                .unwrap()
+                .code,
+            None
+        );
+    }
+
+    #[test]
+    fn an_unreadable_stored_value_is_an_error_naming_its_column() {
+        assert_eq!(
+            corrupt(row("Decide", "allow", None, None)),
+            ("kind", "Decide".to_owned())
+        );
+        assert_eq!(
+            corrupt(row("decide", "perhaps", None, None)),
+            ("outcome", "perhaps".to_owned())
+        );
+        assert_eq!(
+            corrupt(row("decide", "deny", Some("no_grant"), None)),
+            ("code", "no_grant".to_owned())
+        );
+        assert_eq!(
+            corrupt(row("decide", "allow", Some("granted"), Some(-1))),
+            ("usage_calls", "-1".to_owned())
+        );
     }
 
     #[test]

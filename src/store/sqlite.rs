@@ -39,11 +39,12 @@ use tokio::sync::{Mutex, MutexGuard};
 
 use super::retention::{self, Period};
 use super::sql::{
-    self, ActivatePlan, AuditIntegers, AuditRow, CountedRow, PolicyRow, PublishPlan, RememberedRow,
+    self, ActivatePlan, AuditIntegers, AuditRow, CounterRow, During, PolicyRow, PublishPlan, RememberedRow,
 };
 use super::{
-    ActivateOutcome, AuditFilter, AuditRecord, Consumed, Counted, CounterKey, ExpectedRevision, NewPolicy,
-    PrunedPeriod, PublishOutcome, Remembered, Store, StoreOptions, StoreResult, StoredPolicy,
+    ActivateOutcome, AuditFilter, AuditRecord, Consumed, CounterKey, CounterReading, ExpectedRevision,
+    NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, Store, StoreError, StoreOptions,
+    StoreResult, StoredPolicy,
 };
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
@@ -75,7 +76,7 @@ impl SqliteStore {
     /// Opens a pool on `url` (`sqlite://path`). The file is created when
     /// missing, unless the URL chooses a `mode` itself (`?mode=ro`, …).
     pub async fn connect(url: &str, options: &StoreOptions) -> StoreResult<Self> {
-        let mut connect_options = SqliteConnectOptions::from_str(url)?;
+        let mut connect_options = SqliteConnectOptions::from_str(url).during("connect")?;
         if !has_mode_parameter(url) {
             connect_options = connect_options.create_if_missing(true);
         }
@@ -101,14 +102,17 @@ impl SqliteStore {
         // to WAL: a wrong path then fails at once with its cause, where the
         // pool would retry until `acquire_timeout`.
         SqliteConnection::connect_with(&connect_options)
-            .await?
+            .await
+            .during("connect")?
             .close()
-            .await?;
+            .await
+            .during("connect")?;
         let pool = SqlitePoolOptions::new()
             .max_connections(options.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS))
             .acquire_timeout(options.acquire_timeout)
             .connect_with(connect_options)
-            .await?;
+            .await
+            .during("connect")?;
         Ok(SqliteStore {
             pool,
             writer: Arc::new(Mutex::new(())),
@@ -123,9 +127,11 @@ impl SqliteStore {
         self.writer.lock().await
     }
 
+    /// The policy at `revision`, read as part of `operation`.
     async fn policy_in(
         executor: impl Executor<'_, Database = Sqlite>,
         revision: i64,
+        operation: &'static str,
     ) -> StoreResult<Option<StoredPolicy>> {
         sqlx::query_as::<_, PolicyRow>(
             "SELECT revision, version, artifact, catalog, author, comment, created_at \
@@ -133,7 +139,8 @@ impl SqliteStore {
         )
         .bind(revision)
         .fetch_optional(executor)
-        .await?
+        .await
+        .during(operation)?
         .map(PolicyRow::into_policy)
         .transpose()
     }
@@ -150,23 +157,29 @@ fn has_mode_parameter(url: &str) -> bool {
 
 /// The active revision, read inside a `BEGIN IMMEDIATE` transaction (which
 /// already holds the write lock).
-async fn active_revision(connection: &mut SqliteConnection) -> StoreResult<Option<i64>> {
-    Ok(sqlx::query_scalar("SELECT revision FROM active_policy")
+async fn active_revision(connection: &mut SqliteConnection) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar("SELECT revision FROM active_policy")
         .fetch_one(connection)
-        .await?)
+        .await
 }
 
-async fn point_active_at(connection: &mut SqliteConnection, revision: u64) -> StoreResult<()> {
+/// Points the active pointer at `revision`, as part of `operation`.
+async fn point_active_at(
+    connection: &mut SqliteConnection,
+    revision: u64,
+    operation: &'static str,
+) -> StoreResult<()> {
     sqlx::query("UPDATE active_policy SET revision = $1")
         .bind(sql::to_bigint(revision, "revision")?)
         .execute(connection)
-        .await?;
+        .await
+        .during(operation)?;
     Ok(())
 }
 
 impl Store for SqliteStore {
     async fn migrate(&self) -> StoreResult<()> {
-        Ok(MIGRATOR.run(&self.pool).await?)
+        MIGRATOR.run(&self.pool).await.map_err(StoreError::Migration)
     }
 
     async fn active_policy(&self) -> StoreResult<Option<StoredPolicy>> {
@@ -175,25 +188,26 @@ impl Store for SqliteStore {
              FROM active_policy a JOIN policy_versions p ON p.revision = a.revision",
         )
         .fetch_optional(&self.pool)
-        .await?
+        .await
+        .during("active_policy")?
         .map(PolicyRow::into_policy)
         .transpose()
     }
 
     async fn publish(&self, new: NewPolicy, expected: ExpectedRevision) -> StoreResult<PublishOutcome> {
         let _turn = self.write_turn().await;
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let active = match active_revision(&mut tx).await? {
-            Some(revision) => Self::policy_in(&mut *tx, revision).await?,
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.during("publish")?;
+        let active = match active_revision(&mut tx).await.during("publish")? {
+            Some(revision) => Self::policy_in(&mut *tx, revision, "publish").await?,
             None => None,
         };
         match sql::plan_publish(active, &new, expected) {
             PublishPlan::Unchanged(active) => {
-                tx.rollback().await?;
+                tx.rollback().await.during("publish")?;
                 Ok(PublishOutcome::Unchanged(active))
             }
             PublishPlan::Conflict { active } => {
-                tx.rollback().await?;
+                tx.rollback().await.during("publish")?;
                 Ok(PublishOutcome::Conflict { active })
             }
             PublishPlan::Insert => {
@@ -217,10 +231,11 @@ impl Store for SqliteStore {
                 .bind(comment)
                 .bind(created_at_ms)
                 .fetch_one(&mut *tx)
-                .await?
+                .await
+                .during("publish")?
                 .into_policy()?;
-                point_active_at(&mut tx, stored.revision).await?;
-                tx.commit().await?;
+                point_active_at(&mut tx, stored.revision, "publish").await?;
+                tx.commit().await.during("publish")?;
                 Ok(PublishOutcome::Activated(stored))
             }
         }
@@ -228,34 +243,35 @@ impl Store for SqliteStore {
 
     async fn activate(&self, revision: u64, expected: ExpectedRevision) -> StoreResult<ActivateOutcome> {
         let _turn = self.write_turn().await;
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.during("activate")?;
         let active = active_revision(&mut tx)
-            .await?
+            .await
+            .during("activate")?
             .map(sql::to_revision)
             .transpose()?;
         let plan = sql::plan_activate(active, revision, expected);
         if let ActivatePlan::Conflict { active } = plan {
-            tx.rollback().await?;
+            tx.rollback().await.during("activate")?;
             return Ok(ActivateOutcome::Conflict { active });
         }
         let target = match i64::try_from(revision) {
-            Ok(revision) => Self::policy_in(&mut *tx, revision).await?,
+            Ok(revision) => Self::policy_in(&mut *tx, revision, "activate").await?,
             Err(_) => None,
         };
         let Some(policy) = target else {
-            tx.rollback().await?;
+            tx.rollback().await.during("activate")?;
             return Ok(ActivateOutcome::NotFound);
         };
         if let ActivatePlan::Switch = plan {
-            point_active_at(&mut tx, policy.revision).await?;
+            point_active_at(&mut tx, policy.revision, "activate").await?;
         }
-        tx.commit().await?;
+        tx.commit().await.during("activate")?;
         Ok(ActivateOutcome::Activated(policy))
     }
 
     async fn policy(&self, revision: u64) -> StoreResult<Option<StoredPolicy>> {
         match i64::try_from(revision) {
-            Ok(revision) => Self::policy_in(&self.pool, revision).await,
+            Ok(revision) => Self::policy_in(&self.pool, revision, "policy").await,
             Err(_) => Ok(None),
         }
     }
@@ -267,7 +283,8 @@ impl Store for SqliteStore {
         )
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
-        .await?
+        .await
+        .during("list_policies")?
         .into_iter()
         .map(PolicyRow::into_policy)
         .collect()
@@ -277,15 +294,16 @@ impl Store for SqliteStore {
         std::future::pending().await
     }
 
-    async fn read_usage(&self, key: CounterKey<'_>) -> StoreResult<Option<Counted>> {
-        sqlx::query_as::<_, CountedRow>(
+    async fn read_usage(&self, key: CounterKey<'_>) -> StoreResult<Option<CounterReading>> {
+        sqlx::query_as::<_, CounterRow>(
             "SELECT calls, window_start FROM usage_counters WHERE principal_id = $1 AND capability = $2",
         )
         .bind(key.principal_id)
         .bind(key.capability)
         .fetch_optional(&self.pool)
-        .await?
-        .map(CountedRow::into_counted)
+        .await
+        .during("read_usage")?
+        .map(CounterRow::into_reading)
         .transpose()
     }
 
@@ -306,7 +324,7 @@ impl Store for SqliteStore {
         // the `WHERE` and the update. In `SET`, `c.` names the row before the
         // update in both expressions.
         let _turn = self.write_turn().await;
-        let counted = sqlx::query_as::<_, CountedRow>(
+        let counted = sqlx::query_as::<_, CounterRow>(
             "INSERT INTO usage_counters AS c (principal_id, capability, window_start, calls) \
              VALUES ($1, $2, $3, 1) \
              ON CONFLICT (principal_id, capability) DO UPDATE SET \
@@ -322,9 +340,10 @@ impl Store for SqliteStore {
         .bind(sql::expired_at_or_before(at_ms, window_ms))
         .bind(sql::saturating_bigint(limit))
         .fetch_optional(&self.pool)
-        .await?;
+        .await
+        .during("consume")?;
         match counted {
-            Some(row) => Ok(Consumed::Taken(row.into_counted()?)),
+            Some(row) => Ok(Consumed::Taken(row.into_reading()?)),
             None => Ok(Consumed::Refused),
         }
     }
@@ -345,7 +364,11 @@ impl Store for SqliteStore {
         // transaction: SQLite runs in-process, so a row costs no round trip,
         // and the transaction makes the batch durable with one sync.
         let _turn = self.write_turn().await;
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .during("append_audit")?;
         for (record, integers) in records.iter().zip(integers) {
             // Destructured so that a new field of `AuditRecord` fails to
             // compile here until it has a column.
@@ -382,9 +405,9 @@ impl Store for SqliteStore {
             .bind(at_ms)
             .bind(request_id)
             .bind(gateway)
-            .bind(kind)
-            .bind(outcome)
-            .bind(code)
+            .bind(kind.as_str())
+            .bind(outcome.as_str())
+            .bind(code.map(RecordCode::as_str))
             .bind(path)
             .bind(principal_id)
             .bind(issuer)
@@ -398,7 +421,8 @@ impl Store for SqliteStore {
             .bind(policy_version)
             .bind(integers.policy_revision)
             .execute(&mut *tx)
-            .await?;
+            .await
+            .during("append_audit")?;
         }
         for (gateway, request_id, answer) in remembered {
             sqlx::query(
@@ -412,9 +436,10 @@ impl Store for SqliteStore {
             .bind(&answer.response)
             .bind(answer.at_ms)
             .execute(&mut *tx)
-            .await?;
+            .await
+            .during("append_audit")?;
         }
-        tx.commit().await?;
+        tx.commit().await.during("append_audit")?;
         Ok(())
     }
 
@@ -426,7 +451,8 @@ impl Store for SqliteStore {
         .bind(gateway)
         .bind(request_id)
         .fetch_optional(&self.pool)
-        .await?
+        .await
+        .during("remembered")?
         .map(RememberedRow::into_remembered))
     }
 
@@ -434,7 +460,8 @@ impl Store for SqliteStore {
         sql::audit_query::<Sqlite>(filter)
             .build_query_as::<AuditRow>()
             .fetch_all(&self.pool)
-            .await?
+            .await
+            .during("query_audit")?
             .into_iter()
             .map(AuditRow::into_record)
             .collect()
@@ -451,7 +478,7 @@ impl Store for SqliteStore {
         // A dry run reads in one snapshot; a prune deletes period by period,
         // each in batches of their own transactions (see `delete_period`).
         let mut snapshot = if dry_run {
-            Some(self.pool.begin().await?)
+            Some(self.pool.begin().await.during("prune_audit")?)
         } else {
             None
         };
@@ -466,8 +493,8 @@ impl Store for SqliteStore {
             .bind(from)
             .bind(cutoff);
             let oldest = match &mut snapshot {
-                Some(tx) => oldest_query.fetch_one(&mut **tx).await?,
-                None => oldest_query.fetch_one(&self.pool).await?,
+                Some(tx) => oldest_query.fetch_one(&mut **tx).await.during("prune_audit")?,
+                None => oldest_query.fetch_one(&self.pool).await.during("prune_audit")?,
             };
             let Some(oldest) = oldest else { break };
             let period = Period::containing(oldest);
@@ -482,7 +509,8 @@ impl Store for SqliteStore {
                             .bind(start)
                             .bind(until)
                             .fetch_one(&mut **tx)
-                            .await?;
+                            .await
+                            .during("prune_audit")?;
                     u64::try_from(counted).unwrap_or(0)
                 }
                 None => self.delete_period(start, until).await?,
@@ -496,7 +524,7 @@ impl Store for SqliteStore {
             from = until;
         }
         if let Some(tx) = snapshot {
-            tx.rollback().await?;
+            tx.rollback().await.during("prune_audit")?;
         }
         Ok(pruned)
     }
@@ -512,7 +540,11 @@ impl SqliteStore {
         let mut deleted = 0;
         loop {
             let _turn = self.write_turn().await;
-            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+            let mut tx = self
+                .pool
+                .begin_with("BEGIN IMMEDIATE")
+                .await
+                .during("prune_audit")?;
             let batch = sqlx::query(
                 "DELETE FROM audit_log WHERE rowid IN \
                      (SELECT rowid FROM audit_log WHERE at >= $1 AND at < $2 ORDER BY at LIMIT $3)",
@@ -521,9 +553,10 @@ impl SqliteStore {
             .bind(until)
             .bind(PRUNE_BATCH)
             .execute(&mut *tx)
-            .await?
+            .await
+            .during("prune_audit")?
             .rows_affected();
-            tx.commit().await?;
+            tx.commit().await.during("prune_audit")?;
             deleted += batch;
             if batch < PRUNE_BATCH.unsigned_abs() {
                 return Ok(deleted);

@@ -28,7 +28,7 @@ use tracing::field::Empty;
 use tracing::{Instrument, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::store::AuditRecord;
+use crate::store::{AuditRecord, RecordOutcome};
 use crate::wire::proto::{list_visible_response, ListVisibleResponse};
 
 use super::metrics::metrics;
@@ -88,7 +88,7 @@ fn rpc_of(path: &str) -> Option<Rpc> {
 /// leaves (a call that then fails `UNAVAILABLE` is no decision).
 #[derive(Default)]
 struct Note {
-    decision: Mutex<Option<(&'static str, String)>>,
+    decision: Mutex<Option<(&'static str, &'static str)>>,
 }
 
 tokio::task_local! {
@@ -226,14 +226,13 @@ fn int(number: impl TryInto<i64>) -> i64 {
     number.try_into().unwrap_or(i64::MAX)
 }
 
-/// The outcome as the closed set the metrics use.
-fn outcome_of(outcome: &str) -> &'static str {
+/// The outcome as the closed set the metrics use: the audit trail's spelling.
+fn outcome_of(outcome: RecordOutcome) -> &'static str {
     match outcome {
-        "allow" => "allow",
-        "deny" => "deny",
-        "unauthenticated" => "unauthenticated",
-        "unknown_tool" => "unknown_tool",
-        _ => "other",
+        RecordOutcome::Allow => "allow",
+        RecordOutcome::Deny => "deny",
+        RecordOutcome::Unauthenticated => "unauthenticated",
+        RecordOutcome::UnknownTool => "unknown_tool",
     }
 }
 
@@ -241,9 +240,9 @@ fn outcome_of(outcome: &str) -> &'static str {
 /// decision id, outcome, code and version; the decision is counted once the answer leaves.
 pub fn decided(record: &AuditRecord) {
     let span = Span::current();
-    let outcome = outcome_of(&record.outcome);
+    let outcome = outcome_of(record.outcome);
     // An unknown tool has no reason code; `none` keeps the attribute present and closed.
-    let code = record.code.as_deref().unwrap_or("none");
+    let code = record.code.map_or("none", |code| code.as_str());
     span.record("capgate.decision_id", record.decision_id.as_str());
     span.record("capgate.outcome", outcome);
     span.record("capgate.code", code);
@@ -257,7 +256,7 @@ pub fn decided(record: &AuditRecord) {
         *note
             .decision
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((outcome, code.to_owned()));
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((outcome, code));
     });
 }
 

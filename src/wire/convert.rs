@@ -11,7 +11,6 @@ use std::collections::BTreeMap;
 
 use prost_types::Timestamp;
 
-use crate::store::StoredPolicy;
 use capgate_core::access::{
     Allow, Change, ChangeKind, Decision, Limits, Reason, ReasonCode, Standing, Summary,
 };
@@ -276,26 +275,6 @@ fn summary(summary: &Summary) -> proto::DecisionSummary {
         code: code.as_str().to_owned(),
         account: account.clone().unwrap_or_default(),
         limits: limits.as_ref().map(ceiling),
-    }
-}
-
-pub fn policy_version(stored: &StoredPolicy, active: bool) -> proto::PolicyVersion {
-    let StoredPolicy {
-        revision,
-        version,
-        artifact: _,
-        catalog: _,
-        author,
-        comment,
-        created_at_ms,
-    } = stored;
-    proto::PolicyVersion {
-        revision: *revision,
-        version: version.clone(),
-        author: author.clone(),
-        comment: comment.clone(),
-        created_at: Some(timestamp(*created_at_ms)),
-        active,
     }
 }
 

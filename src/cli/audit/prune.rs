@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
-use crate::store::{retention, AnyStore, PrunedPeriod, Store};
+use crate::store::{retention, PrunedPeriod, Store};
 
 use super::super::remote::{runtime, Database};
 use super::super::{to_json, Exit, Failure, Outcome};
@@ -44,11 +44,11 @@ pub fn run(args: &Args) -> Result<Outcome, Failure> {
         )));
     }
     let pruned = runtime()?.block_on(async {
-        let pruned = match args.database.open().await? {
-            AnyStore::Postgres(store) => store.prune_audit(before, args.dry_run).await,
-            AnyStore::Sqlite(store) => store.prune_audit(before, args.dry_run).await,
-        };
-        pruned.map_err(|error| Failure::Input(error.to_string()))
+        let store = args.database.open().await?;
+        store
+            .prune_audit(before, args.dry_run)
+            .await
+            .map_err(|error| Failure::Input(error.to_string()))
     })?;
     let stdout = if args.json {
         to_json(&document(before, args.dry_run, &pruned))

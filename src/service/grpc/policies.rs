@@ -237,7 +237,7 @@ impl<S: Store> PolicyService for Policies<S> {
             .map_err(|error| unavailable(&error))?
             .ok_or_else(|| Status::not_found("no policy version is active"))?;
         traced(Some(stored.revision), Some(&stored.version));
-        let version = convert::policy_version(&stored, true);
+        let version = policy_version(&stored, true);
         let StoredPolicy {
             artifact, catalog, ..
         } = stored;
@@ -270,7 +270,7 @@ impl<S: Store> PolicyService for Policies<S> {
             .await
             .map_err(|error| unavailable(&error))?
             .iter()
-            .map(|stored| convert::policy_version(stored, Some(stored.revision) == active))
+            .map(|stored| policy_version(stored, Some(stored.revision) == active))
             .collect();
         Ok(Response::new(ListPolicyVersionsResponse { versions }))
     }
@@ -322,10 +322,31 @@ impl<S: Store> PolicyService for Policies<S> {
                     tracing::warn!(%error, "activated, but not yet installed on this replica");
                 }
                 Ok(Response::new(ActivatePolicyResponse {
-                    version: Some(convert::policy_version(&stored, true)),
+                    version: Some(policy_version(&stored, true)),
                     changes,
                 }))
             }
         }
+    }
+}
+
+/// A stored version as the wire lists it.
+pub fn policy_version(stored: &StoredPolicy, active: bool) -> crate::wire::proto::PolicyVersion {
+    let StoredPolicy {
+        revision,
+        version,
+        artifact: _,
+        catalog: _,
+        author,
+        comment,
+        created_at_ms,
+    } = stored;
+    crate::wire::proto::PolicyVersion {
+        revision: *revision,
+        version: version.clone(),
+        author: author.clone(),
+        comment: comment.clone(),
+        created_at: Some(convert::timestamp(*created_at_ms)),
+        active,
     }
 }
