@@ -62,7 +62,7 @@ use std::time::Instant;
 use capgate::cli::remote::runtime;
 use capgate::cli::Failure;
 use capgate::service::{self, Config, PolicyFile, Running};
-use capgate::store::{AnyStore, Store};
+use capgate::store::Store;
 use clap::Parser as _;
 
 use callers::{Load, Measured, Window};
@@ -225,12 +225,10 @@ fn run(args: &Args) -> Result<Report, Failure> {
     let server = args.server.as_deref();
     // Only an external server is called with a token (clap refuses `--token-file` without it).
     let token_file = args.token_file.as_deref();
-    let measured = match database.store.clone() {
-        AnyStore::Postgres(store) => {
-            drive(store, &server_runtime, &client_runtime, &plan, server, token_file)
-        }
-        AnyStore::Sqlite(store) => drive(store, &server_runtime, &client_runtime, &plan, server, token_file),
-    };
+    // The server as it runs in production: monomorphised for the store the URL names.
+    let measured = capgate::store::with_store!(database.store.clone(), store => {
+        drive(store, &server_runtime, &client_runtime, &plan, server, token_file)
+    });
     let load_after = load_average();
     let described = database.description.clone();
     let kind = database.kind;

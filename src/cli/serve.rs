@@ -3,7 +3,7 @@
 //! audit writer, flushes telemetry and exits 0. Logs go to standard error
 //! (`--log-format`, filtered by `CAPGATE_LOG`, e.g. `CAPGATE_LOG=debug`);
 //! traces and metrics go over OTLP with `--otlp-endpoint` and to
-//! `--metrics-listen` as Prometheus text (`periphery/telemetry`). None of them
+//! `--metrics-listen` as Prometheus text (`src/telemetry`). None of them
 //! carries a token, a credential or a secret.
 //!
 //! A `--policy` that does not compile stops the start with the report

@@ -288,7 +288,7 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
         .build_v1()
         .map_err(|error| StartError::Active(format!("reflection: {error}")))?;
     let router = builder
-        // One span per capgate RPC, with its duration and status (periphery/telemetry).
+        // One span per capgate RPC, with its duration and status (src/telemetry).
         .layer(crate::telemetry::RpcLayer)
         .add_service(health_service)
         .add_service(reflection)

@@ -574,6 +574,7 @@ pub enum AnyStore {
 /// on every request and runs for long (`service::run`, and `capgate bench`
 /// which measures that server). The one place, with [`connect`], that lists
 /// the implementations: a new one is added here and nowhere else.
+#[macro_export]
 macro_rules! with_store {
     ($any:expr, $store:ident => $body:expr) => {
         match $any {
@@ -582,7 +583,7 @@ macro_rules! with_store {
         }
     };
 }
-pub(crate) use with_store;
+pub use with_store;
 
 impl Store for AnyStore {
     async fn migrate(&self) -> StoreResult<()> {

@@ -12,7 +12,7 @@
 //!
 //! INVARIANT: no token, credential, secret reference or tool argument is recorded: span fields
 //! and metric attributes are ids, outcomes, codes, revisions, versions and counts, and log lines
-//! keep the rule they always had (docs/ARCHITECTURE.md, `periphery/`).
+//! keep the rule they always had (docs/ARCHITECTURE.md, "telemetry").
 
 pub mod metrics;
 pub mod prometheus;
