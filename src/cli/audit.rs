@@ -11,7 +11,7 @@ pub mod prune;
 
 use std::fmt::Write as _;
 
-use crate::store::{AuditFilter, AuditRecord, Store};
+use crate::store::{AuditFilter, AuditRecord, RecordOutcome, Store};
 
 use super::args::parse_instant;
 use super::remote::{runtime, Database};
@@ -43,7 +43,7 @@ pub struct Query {
     #[arg(long, value_name = "C")]
     pub capability: Option<String>,
     /// Only this outcome.
-    #[arg(long, value_name = "O", value_parser = ["allow", "deny", "unauthenticated", "unknown_tool"])]
+    #[arg(long, value_name = "O", value_parser = clap::builder::PossibleValuesParser::new(RecordOutcome::ALL.map(RecordOutcome::as_str)))]
     pub outcome: Option<String>,
     /// Only this reason or problem code (`limit_exhausted`, `issuer_unknown`, …).
     #[arg(long, value_name = "X")]

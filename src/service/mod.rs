@@ -1,5 +1,5 @@
-//! The gRPC decision service (`capgate serve`): decisions, policy versions,
-//! counters and audit over a store (spec: service.md).
+//! The decision service (`capgate serve`): decisions, policy versions,
+//! counters and audit over a store (docs/service.md).
 //!
 //! This file is the wiring: check the configuration, migrate, publish the
 //! start-up file, install the active version, start the audit writer and
@@ -25,14 +25,12 @@
 pub mod active;
 pub mod audit;
 pub mod auth;
-pub mod config;
-
 pub mod bounds;
+pub mod config;
 pub mod grpc;
 pub mod health;
 pub mod identify;
 pub mod pipeline;
-
 pub mod retention;
 
 use std::future::Future;
@@ -50,7 +48,6 @@ use tonic_health::ServingStatus;
 
 use crate::identity::jwks::OidcDirectory;
 use crate::store::{self, NewPolicy, PublishOutcome, Store, StoreError, StoreOptions};
-
 use crate::wire::proto::decision_service_server::DecisionServiceServer;
 use crate::wire::proto::policy_service_server::PolicyServiceServer;
 use active::{compile_text, Active, ActivePolicy, Compiled};
@@ -64,7 +61,7 @@ use pipeline::Turns;
 /// The author recorded for a version published by `serve --policy`.
 pub const STARTUP_AUTHOR: &str = "serve --policy";
 
-/// The largest `Decide`/`ListVisible` message: every bound in `limits.rs`
+/// The largest `Decide`/`ListVisible` message: every bound in `bounds.rs`
 /// at its maximum fits.
 const MAX_DECISION_MESSAGE: usize = 5 * 1024 * 1024;
 

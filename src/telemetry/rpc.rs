@@ -28,8 +28,9 @@ use tracing::field::Empty;
 use tracing::{Instrument, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use capgate_core::principals::AuthProblem;
+
 use crate::store::{AuditRecord, RecordOutcome};
-use crate::wire::proto::{list_visible_response, ListVisibleResponse};
 
 use super::metrics::metrics;
 
@@ -260,25 +261,21 @@ pub fn decided(record: &AuditRecord) {
     });
 }
 
-/// A `ListVisible` answer: the version it was listed on, and how many capabilities are visible
-/// (or the problem when the caller could not be authenticated).
-pub fn listed(response: &ListVisibleResponse) {
+/// A listing's answer: the version it was listed on, and how many capabilities are visible (or
+/// the problem when the caller could not be authenticated).
+pub fn listed(revision: u64, version: &str, seen: Result<usize, AuthProblem>) {
     let span = Span::current();
-    span.record("capgate.policy.revision", int(response.policy_revision));
-    span.record("capgate.policy.version", response.policy_version.as_str());
-    match &response.result {
-        Some(list_visible_response::Result::Visible(visible)) => {
+    span.record("capgate.policy.revision", int(revision));
+    span.record("capgate.policy.version", version);
+    match seen {
+        Ok(count) => {
             span.record("capgate.outcome", "allow");
-            span.record("capgate.visible.count", int(visible.capabilities.len()));
+            span.record("capgate.visible.count", int(count));
         }
-        Some(list_visible_response::Result::Unauthenticated(unauthenticated)) => {
+        Err(problem) => {
             span.record("capgate.outcome", "unauthenticated");
-            // `AUTH_PROBLEM_ISSUER_UNKNOWN` is `issuer_unknown`, as in the audit trail.
-            let problem = unauthenticated.problem().as_str_name();
-            let code = problem.trim_start_matches("AUTH_PROBLEM_").to_ascii_lowercase();
-            span.record("capgate.code", code.as_str());
+            span.record("capgate.code", problem.as_str());
         }
-        None => {}
     }
 }
 

@@ -15,7 +15,6 @@ use crate::service::identify::{Asked, AssertedCaller};
 use crate::service::pipeline::{self, Answer, Ask, Listing, Replied, Target, Verdict};
 use crate::service::State;
 use crate::store::Store;
-use crate::telemetry;
 use crate::wire::convert;
 use crate::wire::proto::{
     self, credential, decide_request, decide_response, decision_service_server::DecisionService,
@@ -98,9 +97,7 @@ impl<S: Store> DecisionService for Decisions<S> {
             request_id: (!request_id.is_empty()).then_some(request_id.as_str()),
         };
         let listing = pipeline::list(&self.state, &active, ask).await.map_err(refused)?;
-        let response = listed(&listing);
-        telemetry::rpc::listed(&response);
-        Ok(Response::new(response))
+        Ok(Response::new(listed(&listing)))
     }
 }
 

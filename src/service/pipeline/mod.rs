@@ -267,14 +267,16 @@ pub async fn list<'a, S: Store>(
     let at_ms = crate::clock::now();
     let identified = identify(&state.oidc, active, ask.gateway, &ask.caller, at_ms).await?;
     let base = record::Base::new(&ask, active, at_ms);
-    let principal = match identified.outcome {
-        Ok(ref principal) => principal.clone(),
+    let principal = match &identified.outcome {
+        Ok(principal) => principal,
         Err(problem) => {
+            let problem = *problem;
             // Not in the spec's list (one allow per visible capability), but every request is
             // recorded: a refused listing says who tried.
             let mut record = base.list(&identified);
             record::unauthenticated(&mut record, problem);
             write(state, vec![record]).await?;
+            telemetry::rpc::listed(active.revision, &active.version, Err(problem));
             return Ok(Listing {
                 at_ms,
                 active,
@@ -283,11 +285,11 @@ pub async fn list<'a, S: Store>(
         }
     };
 
-    let seen = visible(&active.policy.ruleset, &principal, at_ms);
+    let seen = visible(&active.policy.ruleset, principal, at_ms);
     let mut records = Vec::with_capacity(seen.len());
     let mut capabilities = Vec::with_capacity(seen.len());
     for item in seen {
-        let record = record::listed(base.list(&identified), &principal, &item);
+        let record = record::listed(base.list(&identified), principal, &item);
         capabilities.push((item, record.decision_id.clone()));
         records.push(record);
     }
@@ -306,6 +308,7 @@ pub async fn list<'a, S: Store>(
     if !records.is_empty() {
         write(state, records).await?;
     }
+    telemetry::rpc::listed(active.revision, &active.version, Ok(capabilities.len()));
     Ok(Listing {
         at_ms,
         active,
@@ -325,7 +328,7 @@ async fn write<S: Store>(state: &State<S>, records: Vec<crate::store::AuditRecor
 }
 
 /// A decision with what the counter said (`metering.rs` fills it, `record.rs` reads it).
-pub(crate) struct Metered<'a> {
+struct Metered<'a> {
     pub decision: Decision<'a>,
     /// The winning grant's ceiling, when one applies.
     pub ceiling: Option<&'a Limits>,
