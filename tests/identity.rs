@@ -553,7 +553,18 @@ async fn static_keys_and_client_certificates_authenticate() {
         ),
     ];
     for (name, request, expected) in cases {
-        let response = decide(&mut client, request).await;
+        // Only the TLS terminator, trusted to assert, may forward a certificate
+        // (`a_plain_gateway_may_not_forward_a_client_certificate`).
+        let token = if forwards_certificate(&request) {
+            TRUSTED_TOKEN
+        } else {
+            GATEWAY_TOKEN
+        };
+        let response = client
+            .decide(as_gateway(request, token))
+            .await
+            .expect("an answer")
+            .into_inner();
         assert_eq!(answer(&response), expected, "{name}");
     }
     let audit = world.audit().await;
@@ -566,6 +577,67 @@ async fn static_keys_and_client_certificates_authenticate() {
     assert!(audit
         .iter()
         .any(|r| r.principal_id.as_deref() == Some("filed:cron") && r.outcome.as_str() == "allow"));
+}
+
+fn forwards_certificate(request: &DecideRequest) -> bool {
+    matches!(
+        &request.caller,
+        Some(decide_request::Caller::Credential(Credential {
+            kind: Some(credential::Kind::ClientCertificate(_)),
+            ..
+        }))
+    )
+}
+
+/// A DN in a request is only a claim: the service never saw the handshake. A plain gateway
+/// forwarding one could become any `mtls` principal, so it is refused, and told why; the
+/// trusted gateway (the TLS terminator) is answered. Nothing is recorded for the refused calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_gateway_may_not_forward_a_client_certificate() {
+    let world = World::start().await;
+    let mut client = world.client().await;
+    let forged = ask(
+        credential::Kind::ClientCertificate("CN=svc-pay,OU=payments,O=Acme".to_owned()),
+        "",
+        "billing.refund.create",
+    );
+    let refused = client
+        .decide(as_gateway(forged.clone(), GATEWAY_TOKEN))
+        .await
+        .expect_err("a plain gateway may not vouch for a certificate");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{}", refused.message());
+    assert!(refused.message().contains("edge-gw"), "{}", refused.message());
+    assert!(
+        refused.message().contains("--asserting-gateway-token"),
+        "the refusal says how to fix it: {}",
+        refused.message()
+    );
+    let listing = ListVisibleRequest {
+        caller: Some(list_visible_request::Caller::Credential(Credential {
+            kind: Some(credential::Kind::ClientCertificate("CN=svc-pay".to_owned())),
+            issuer: String::new(),
+        })),
+        request_id: String::new(),
+    };
+    let refused = client
+        .list_visible(as_gateway(listing, GATEWAY_TOKEN))
+        .await
+        .expect_err("nor list for one");
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    assert!(
+        !world
+            .audit()
+            .await
+            .iter()
+            .any(|record| record.principal_id.as_deref() == Some("edge:svc-pay")),
+        "a refused forgery is no principal's record"
+    );
+    let trusted = client
+        .decide(as_gateway(forged, TRUSTED_TOKEN))
+        .await
+        .expect("the TLS terminator may forward it")
+        .into_inner();
+    assert_eq!(answer(&trusted), ALLOW);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -187,3 +187,89 @@ async fn replicas_share_one_ceiling_and_follow_each_others_publishes() {
 
     drop(replicas);
 }
+
+/// Request ids in flight.
+const IDS: usize = 20;
+/// Concurrent copies of each, spread over the replicas (two per replica).
+const COPIES: usize = 6;
+
+/// `request_id` idempotency holds across replicas (service.md §4): copies of one request sent
+/// at once to different replicas give one decision, consume at most one call, and every copy
+/// gets that decision. Without a claim in the shared store each replica decided on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_id_is_decided_once_across_replicas() {
+    let Some(database) = TestDatabase::create().await else {
+        return;
+    };
+    let url = database.url();
+    let args = ["--database-url", url.as_str(), "--store-timeout", "5s"];
+    let (first, second, third) = tokio::join!(Serve::start(&args), Serve::start(&args), Serve::start(&args));
+    let replicas = [first, second, third];
+    let mut channels = Vec::new();
+    for replica in &replicas {
+        channels.push(replica.channel().await);
+    }
+    let published = publish(&channels[0], &example_with_ceiling(CEILING), Some(CATALOG))
+        .await
+        .expect("publish");
+    assert!(published.accepted, "{:?}", published.diagnostics);
+    for channel in &channels {
+        wait_serving(channel, FOLLOW_WITHIN).await;
+    }
+
+    let tasks: Vec<_> = (0..IDS * COPIES)
+        .map(|index| {
+            let id = index % IDS;
+            let mut client = DecisionServiceClient::new(channels[(index / IDS) % channels.len()].clone());
+            let request = DecideRequest {
+                request_id: format!("retry-{id}"),
+                ..capped()
+            };
+            tokio::spawn(async move { (id, client.decide(request).await.map(tonic::Response::into_inner)) })
+        })
+        .collect();
+    let mut answers: HashMap<usize, Vec<DecideResponse>> = HashMap::new();
+    for task in tasks {
+        let (id, answered) = task.await.expect("the call's task");
+        let response = answered.unwrap_or_else(|status| panic!("a copy of retry-{id} failed: {status:?}"));
+        answers.entry(id).or_default().push(response);
+    }
+    for (id, copies) in &answers {
+        let first = &copies[0];
+        for copy in copies {
+            assert_eq!(
+                copy.decision_id, first.decision_id,
+                "every copy of retry-{id} gets one decision"
+            );
+            assert_eq!(code(copy), code(first), "retry-{id}");
+        }
+        assert_eq!(
+            code(first),
+            ReasonCode::Granted,
+            "retry-{id}: {IDS} ids fit the ceiling"
+        );
+    }
+    let store = database.store().await;
+    let audit = store
+        .query_audit(&AuditFilter {
+            limit: 10_000,
+            ..AuditFilter::default()
+        })
+        .await
+        .expect("read the audit trail");
+    assert_eq!(
+        audit.len(),
+        IDS,
+        "one decision per request id, whichever replica took it"
+    );
+    let counter = store
+        .read_usage(CounterKey {
+            principal_id: "staff:ana",
+            capability: "tickets.issue.read",
+        })
+        .await
+        .expect("read the counter")
+        .expect("a counter");
+    assert_eq!(counter.calls, IDS as u64, "one call consumed per request id");
+    drop(replicas);
+}

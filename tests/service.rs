@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use capgate::service::{self, Config, ConfigError, PolicyFile, Running, StartError, Token};
 use capgate::store::{
-    self, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Consumed, CounterKey, CounterReading,
+    self, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Claim, Consumed, CounterKey, CounterReading,
     ExpectedRevision, NewPolicy, PrunedPeriod, PublishOutcome, Remembered, SqliteStore, Store, StoreError,
     StoreOptions, StoreResult, StoredPolicy,
 };
@@ -198,6 +198,16 @@ impl Store for Flaky {
         request_id: &str,
     ) -> impl Future<Output = StoreResult<Option<Remembered>>> + Send {
         self.inner.remembered(gateway, request_id)
+    }
+    fn claim_request(
+        &self,
+        gateway: &str,
+        request_id: &str,
+        now_ms: i64,
+        stale_before_ms: i64,
+    ) -> impl Future<Output = StoreResult<Claim>> + Send {
+        self.inner
+            .claim_request(gateway, request_id, now_ms, stale_before_ms)
     }
     fn query_audit(
         &self,

@@ -27,9 +27,9 @@ use std::time::Duration;
 
 use capgate::store::retention::{self, Period};
 use capgate::store::{
-    connect, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Consumed, CounterKey, CounterReading,
-    NewPolicy, PostgresStore, PrunedPeriod, PublishOutcome, RecordCode, RecordKind, RecordOutcome,
-    Remembered, SqliteStore, Store, StoreError, StoreOptions, StoredPolicy,
+    connect, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Claim, Consumed, CounterKey,
+    CounterReading, NewPolicy, PostgresStore, PrunedPeriod, PublishOutcome, RecordCode, RecordKind,
+    RecordOutcome, Remembered, SqliteStore, Store, StoreError, StoreOptions, StoredPolicy,
 };
 use capgate_core::access::ReasonCode;
 use capgate_core::principals::AuthProblem;
@@ -111,6 +111,7 @@ suite! {
         audit_queries_filter,
         appending_again_changes_nothing,
         remembered_responses_round_trip,
+        a_request_id_is_claimed_once,
         pruning_drops_whole_months_before_the_cutoff,
         a_dry_run_drops_nothing,
         records_far_from_the_prepared_months_are_kept,
@@ -120,6 +121,7 @@ suite! {
     pair: [
         concurrent_publishes_one_wins,
         the_ceiling_holds_under_concurrency,
+        concurrent_claims_one_wins,
     ],
     raw: [
         a_failed_batch_leaves_nothing,
@@ -785,6 +787,79 @@ async fn an_unreadable_stored_value_fails_the_read<S: Store>(store: S, raw: Raw)
         .await;
     }
     assert_eq!(store.query_audit(&all(10)).await.expect("query"), vec![good]);
+}
+
+async fn a_request_id_is_claimed_once<S: Store>(store: S) {
+    let claim = |request_id: &'static str, now: i64| {
+        let store = store.clone();
+        async move {
+            store
+                .claim_request("edge", request_id, now, now - 30_000)
+                .await
+                .expect("claim")
+        }
+    };
+    assert_eq!(claim("req-1", 100_000).await, Claim::Won);
+    // Held, not answered yet: whoever comes next waits for the answer.
+    assert_eq!(claim("req-1", 100_010).await, Claim::Taken);
+    // Another gateway's id of the same spelling is another request.
+    assert_eq!(
+        store
+            .claim_request("other-gateway", "req-1", 100_010, 70_010)
+            .await
+            .expect("claim"),
+        Claim::Won
+    );
+    // Answered: the answer, from then on.
+    let answer = remembered_answer("d1", b"first");
+    store
+        .append_audit(&[], &[("edge".to_owned(), "req-1".to_owned(), answer.clone())])
+        .await
+        .expect("append");
+    assert_eq!(claim("req-1", 100_020).await, Claim::Answered(answer.clone()));
+    // An answer outlives its claim's lease: an answered id is never claimed again.
+    assert_eq!(claim("req-1", 500_000).await, Claim::Answered(answer));
+    // A claim whose holder never answered is taken over once its lease is over, and only then.
+    assert_eq!(claim("req-2", 100_000).await, Claim::Won);
+    assert_eq!(claim("req-2", 129_999).await, Claim::Taken);
+    assert_eq!(claim("req-2", 130_001).await, Claim::Won);
+    assert_eq!(claim("req-2", 130_002).await, Claim::Taken);
+    // An answer stored without a claim (decided while the store was out of reach, replayed from
+    // the spool) stands too.
+    let spooled = remembered_answer("d3", b"spooled");
+    store
+        .append_audit(&[], &[("edge".to_owned(), "req-3".to_owned(), spooled.clone())])
+        .await
+        .expect("append");
+    assert_eq!(claim("req-3", 100_000).await, Claim::Answered(spooled));
+}
+
+/// Copies of one request claiming at once through two handles (two replicas): one wins.
+async fn concurrent_claims_one_wins<S: Store>(store: S, replica: S) {
+    let claims: Vec<_> = (0..16)
+        .map(|index| {
+            let store = if index % 2 == 0 {
+                store.clone()
+            } else {
+                replica.clone()
+            };
+            tokio::spawn(async move {
+                store
+                    .claim_request("edge", "contested", 100_000, 70_000)
+                    .await
+                    .expect("claim")
+            })
+        })
+        .collect();
+    let mut won = 0;
+    for claim in claims {
+        match claim.await.expect("the claim's task") {
+            Claim::Won => won += 1,
+            Claim::Taken => {}
+            Claim::Answered(answer) => panic!("answered without an answer: {answer:?}"),
+        }
+    }
+    assert_eq!(won, 1, "exactly one copy decides");
 }
 
 async fn remembered_responses_round_trip<S: Store>(store: S) {

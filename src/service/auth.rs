@@ -5,11 +5,16 @@
 //! |---|---|---|---|
 //! | `Decide`, `ListVisible` with a credential | yes | yes | yes |
 //! | `Decide`, `ListVisible` asserting a principal | no (`PERMISSION_DENIED`) | yes | yes |
+//! | `Decide`, `ListVisible` forwarding `credential.client_certificate` | no (`PERMISSION_DENIED`) | yes | yes |
 //! | every `PolicyService` call | no (`PERMISSION_DENIED`) | no | yes |
 //!
 //! A gateway that may assert any principal can become anyone, so asserting
 //! is a separate grant (`--asserting-gateway-token`). An admin may assert:
-//! it can publish any policy anyway.
+//! it can publish any policy anyway. A forwarded client certificate is the
+//! same power in other words: the service never sees the TLS handshake, so
+//! a gateway that forwards a DN of its choosing becomes that `mtls`
+//! principal. Only the TLS terminator can vouch for a certificate, and it
+//! needs the asserting grant (docs/decisions/0016-forwarded-certificates.md).
 //!
 //! Reading the policy is admin-only too: the artifact is the whole
 //! authorisation map, and a gateway only needs the decisions.
@@ -55,6 +60,22 @@ impl Gateway {
             Err(Refusal::PermissionDenied(format!(
                 "`{}` may not assert a principal: forward the caller's `credential`, \
                  or configure the token with `--asserting-gateway-token`",
+                self.name
+            )))
+        }
+    }
+
+    /// Refuses a forwarded client certificate from a caller not trusted to assert: anyone can
+    /// write a DN into a request, only the TLS terminator that checked the certificate can vouch
+    /// for it.
+    pub fn check_may_forward_certificate(&self) -> Result<(), Refusal> {
+        if self.may_assert {
+            Ok(())
+        } else {
+            Err(Refusal::PermissionDenied(format!(
+                "`{}` may not forward `credential.client_certificate`: only the TLS terminator that \
+                 verified the certificate can vouch for it, and it needs a token configured with \
+                 `--asserting-gateway-token`; otherwise forward the caller's bearer token or API key",
                 self.name
             )))
         }

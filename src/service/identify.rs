@@ -7,7 +7,8 @@
 //! | `principal` from a gateway not trusted to assert | `PERMISSION_DENIED` |
 //! | `principal`, trusted | normalised as asserted |
 //! | `credential.api_key` | the `static-key` issuer whose key it is |
-//! | `credential.client_certificate` | the `mtls` issuer (the hint, or the only one) |
+//! | `credential.client_certificate` from a gateway not trusted to assert | `PERMISSION_DENIED` |
+//! | `credential.client_certificate`, trusted | the `mtls` issuer (the hint, or the only one) |
 //! | `credential.bearer_token` | the `oidc` issuer whose discovery `issuer` is the token's `iss` (or the hint), verified against its keys |
 //! | an `oidc` issuer's keys cannot be had | `UNAVAILABLE` (fail closed, no decision) |
 //!
@@ -97,6 +98,9 @@ pub async fn identify(
             let Some(presented) = *presented else {
                 return Ok(Identified::problem(hint, AuthProblem::CredentialMissing));
             };
+            if matches!(presented, Presented::ClientCertificate(_)) {
+                gateway.check_may_forward_certificate()?;
+            }
             if let Err(problem) = presented.check() {
                 return Ok(Identified::problem(hint, problem));
             }

@@ -73,6 +73,10 @@ pub struct State<S: Store> {
     pub tokens: Tokens,
     pub store_timeout: Duration,
     pub idempotency: Turns,
+    /// How long a copy of a request waits for the replica that claimed its `request_id` to
+    /// answer: as long as a decision can take (a counter, an identity provider's keys, an audit
+    /// commit), then `UNAVAILABLE`.
+    pub claim_wait: Duration,
     /// The `oidc` issuers' discovery documents and keys.
     pub oidc: Arc<OidcDirectory>,
 }
@@ -247,6 +251,7 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
         ),
         store_timeout: config.store_timeout,
         idempotency: Turns::default(),
+        claim_wait: config.store_timeout * 2 + config.audit_timeout + config.oidc.fetch_timeout,
         oidc,
     });
 

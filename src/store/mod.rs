@@ -423,6 +423,17 @@ pub struct Remembered {
     pub at_ms: i64,
 }
 
+/// What claiming a request id found (docs/decisions/0016-idempotency-across-replicas.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The caller holds the claim: it decides, and writes the answer with its audit record.
+    Won,
+    /// A decision with this request id was answered already: this is its answer.
+    Answered(Remembered),
+    /// Another decision holds a live claim and has not answered yet.
+    Taken,
+}
+
 /// The store port. Implementations are cheap to clone (a pool handle).
 pub trait Store: Clone + Send + Sync + 'static {
     /// Applies the migrations in `migrations/<dialect>/`.
@@ -503,6 +514,18 @@ pub trait Store: Clone + Send + Sync + 'static {
         gateway: &str,
         request_id: &str,
     ) -> impl Future<Output = StoreResult<Option<Remembered>>> + Send;
+
+    /// Claims `(gateway, request_id)` for a decision about to be taken at `now_ms`: won when
+    /// nobody holds it, or when its holder took it before `stale_before_ms` and never answered
+    /// (its process died mid-decision). Otherwise the answer, if there is one yet. One
+    /// statement, so two replicas claiming at once cannot both win.
+    fn claim_request(
+        &self,
+        gateway: &str,
+        request_id: &str,
+        now_ms: i64,
+        stale_before_ms: i64,
+    ) -> impl Future<Output = StoreResult<Claim>> + Send;
 
     fn query_audit(&self, filter: &AuditFilter)
         -> impl Future<Output = StoreResult<Vec<AuditRecord>>> + Send;
@@ -638,6 +661,16 @@ impl Store for AnyStore {
 
     async fn remembered(&self, gateway: &str, request_id: &str) -> StoreResult<Option<Remembered>> {
         with_store!(self, store => store.remembered(gateway, request_id).await)
+    }
+
+    async fn claim_request(
+        &self,
+        gateway: &str,
+        request_id: &str,
+        now_ms: i64,
+        stale_before_ms: i64,
+    ) -> StoreResult<Claim> {
+        with_store!(self, store => store.claim_request(gateway, request_id, now_ms, stale_before_ms).await)
     }
 
     async fn query_audit(&self, filter: &AuditFilter) -> StoreResult<Vec<AuditRecord>> {

@@ -29,7 +29,7 @@ use super::sql::{
     self, ActivatePlan, AuditIntegers, AuditRow, CounterRow, During, PolicyRow, PublishPlan, RememberedRow,
 };
 use super::{
-    ActivateOutcome, AuditFilter, AuditRecord, Consumed, CounterKey, CounterReading, ExpectedRevision,
+    ActivateOutcome, AuditFilter, AuditRecord, Claim, Consumed, CounterKey, CounterReading, ExpectedRevision,
     NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, Store, StoreError, StoreOptions,
     StoreResult, StoredPolicy,
 };
@@ -430,6 +430,32 @@ impl Store for PostgresStore {
         .await
         .during("remembered")?
         .map(RememberedRow::into_remembered))
+    }
+
+    async fn claim_request(
+        &self,
+        gateway: &str,
+        request_id: &str,
+        now_ms: i64,
+        stale_before_ms: i64,
+    ) -> StoreResult<Claim> {
+        let won = {
+            sqlx::query(sql::CLAIM_REQUEST)
+                .bind(gateway)
+                .bind(request_id)
+                .bind(now_ms)
+                .bind(stale_before_ms)
+                .fetch_optional(&self.pool)
+                .await
+                .during("claim_request")?
+        };
+        if won.is_some() {
+            return Ok(Claim::Won);
+        }
+        Ok(match self.remembered(gateway, request_id).await? {
+            Some(answer) => Claim::Answered(answer),
+            None => Claim::Taken,
+        })
     }
 
     async fn query_audit(&self, filter: &AuditFilter) -> StoreResult<Vec<AuditRecord>> {

@@ -9,6 +9,7 @@
 
 #![allow(dead_code)]
 pub mod client;
+pub mod cluster;
 pub mod oidc;
 pub mod otlp;
 pub mod postgres;

@@ -106,6 +106,13 @@ impl Serve {
         assert!(sent.success(), "kill -TERM {} failed", self.pid());
     }
 
+    /// Kills it with SIGKILL, as the kernel's OOM killer or a node failure would: no drain, no
+    /// flush. Returns once it is gone.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Waits for the process to end; panics (and kills it) after `within`.
     pub async fn wait(&mut self, within: Duration) -> ExitStatus {
         let deadline = Instant::now() + within;

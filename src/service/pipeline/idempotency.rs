@@ -1,46 +1,100 @@
 //! `request_id` idempotency (service.md §4): a retry with the same `(gateway, request_id)` gets
-//! the answer its original got, and consumes nothing. On one replica, a retry racing its original
-//! waits for its turn ([`Turns`]); the original's encoded answer is stored with its audit record
-//! and read back from the store ([`remembered`]).
+//! the answer its original got, and consumes nothing, whichever replica it reaches. On one
+//! replica, a retry racing its original waits for its turn ([`Turns`]); across replicas, the
+//! first copy claims the id in the store and the others wait for its answer ([`claim`]). The
+//! original's encoded answer is stored with its audit record and read back from the store.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use crate::service::State;
-use crate::store::{Remembered, Store};
+use crate::store::{Claim, Remembered, Store};
+
+use super::Refusal;
 
 /// How long a remembered response answers a retry with the same `request_id`.
 pub const IDEMPOTENCY_RETENTION_MS: i64 = 24 * 60 * 60 * 1000;
 
-/// The encoded answer first returned for this request id, while it is retained. A store that
-/// does not answer means a fresh decision: with the store down a capped decision cannot consume
-/// anyway (it denies `usage_unknown`).
-pub(super) async fn remembered<S: Store>(
+/// How long a claim holds off other copies of its request before it counts as abandoned: far
+/// longer than any decision takes to be answered (a counter, an audit commit, an identity
+/// provider's keys), short enough that a retry after a replica died mid-decision is answered.
+pub const CLAIM_LEASE_MS: i64 = 30_000;
+
+/// What a decision with a `request_id` should do.
+pub(super) enum Turn {
+    /// Decide: this call holds the claim, or the store could not say (see [`claim`]).
+    Decide,
+    /// Answer with what the original was answered.
+    Replay(Vec<u8>),
+}
+
+/// Claims the request id in the store, shared by every replica, so that one decision is taken
+/// for it whichever replica each copy reached (docs/decisions/0016-idempotency-across-replicas.md).
+/// A copy that finds the claim taken waits for the holder's answer. A store that does not answer
+/// means a fresh decision: with the store down a capped decision cannot consume anyway (it denies
+/// `usage_unknown`), so at most one call is consumed still.
+pub(super) async fn claim<S: Store>(
     state: &State<S>,
     gateway: &str,
     request_id: &str,
-) -> Option<Vec<u8>> {
-    let found = tokio::time::timeout(state.store_timeout, state.store.remembered(gateway, request_id)).await;
-    let Remembered {
-        decision_id: _,
-        response,
-        at_ms,
-    } = match found {
-        Ok(Ok(Some(found))) => found,
-        Ok(Ok(None)) => return None,
+) -> Result<Turn, Refusal> {
+    let now = crate::clock::now();
+    let claimed = tokio::time::timeout(
+        state.store_timeout,
+        state
+            .store
+            .claim_request(gateway, request_id, now, now.saturating_sub(CLAIM_LEASE_MS)),
+    )
+    .await;
+    match claimed {
+        Ok(Ok(Claim::Won)) => Ok(Turn::Decide),
+        Ok(Ok(Claim::Answered(answer))) => Ok(replay_if_retained(answer)),
+        Ok(Ok(Claim::Taken)) => wait_for_answer(state, gateway, request_id).await,
         Ok(Err(error)) => {
-            tracing::warn!(%error, "cannot read remembered responses; deciding afresh");
-            return None;
+            tracing::warn!(%error, "cannot claim the request id; deciding afresh");
+            Ok(Turn::Decide)
         }
         Err(_) => {
-            tracing::warn!("remembered responses did not answer in time; deciding afresh");
-            return None;
+            tracing::warn!("claiming the request id did not answer in time; deciding afresh");
+            Ok(Turn::Decide)
         }
-    };
-    if crate::clock::now().saturating_sub(at_ms) > IDEMPOTENCY_RETENTION_MS {
-        return None;
     }
-    Some(response)
+}
+
+/// An answer older than the retention window answers nothing: the request is decided afresh.
+fn replay_if_retained(answer: Remembered) -> Turn {
+    if crate::clock::now().saturating_sub(answer.at_ms) > IDEMPOTENCY_RETENTION_MS {
+        Turn::Decide
+    } else {
+        Turn::Replay(answer.response)
+    }
+}
+
+/// Another replica holds the claim: poll for its answer, backing off, for as long as a decision
+/// can take to be answered. Past that the caller is told to retry, never given a second decision.
+async fn wait_for_answer<S: Store>(
+    state: &State<S>,
+    gateway: &str,
+    request_id: &str,
+) -> Result<Turn, Refusal> {
+    let deadline = tokio::time::Instant::now() + state.claim_wait;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
+        let found =
+            tokio::time::timeout(state.store_timeout, state.store.remembered(gateway, request_id)).await;
+        if let Ok(Ok(Some(answer))) = found {
+            return Ok(replay_if_retained(answer));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Refusal::Unavailable(format!(
+                "a call with request_id `{request_id}` is still being decided; retry with the same \
+                 request_id to get its answer"
+            )));
+        }
+    }
 }
 
 /// Per-key turns: a retry that arrives while its original is still being decided waits for it,

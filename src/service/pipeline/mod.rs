@@ -32,7 +32,8 @@ use super::auth::Gateway;
 use super::identify::{identify, Asked};
 use super::State;
 
-pub use idempotency::{Turns, IDEMPOTENCY_RETENTION_MS};
+use idempotency::Turn;
+pub use idempotency::{Turns, CLAIM_LEASE_MS, IDEMPOTENCY_RETENTION_MS};
 
 /// A caller's question, as every door asks it.
 pub struct Ask<'a> {
@@ -133,9 +134,9 @@ pub async fn decide<'a, S: Store>(
             .map(Replied::Fresh);
     };
     // One decision per (gateway, request_id) at a time on this replica, so that a retry racing
-    // its original waits for it and gets its answer.
+    // its original waits for it here rather than polling the store.
     let _turn = state.idempotency.turn(&ask.gateway.name, request_id).await;
-    if let Some(original) = idempotency::remembered(state, &ask.gateway.name, request_id).await {
+    if let Turn::Replay(original) = idempotency::claim(state, &ask.gateway.name, request_id).await? {
         return Ok(Replied::Replayed(original));
     }
     decide_once(state, active, &ask, target, remember)
