@@ -209,6 +209,9 @@ impl Store for Flaky {
         self.inner
             .claim_request(gateway, request_id, now_ms, stale_before_ms)
     }
+    fn forget_requests(&self, before_ms: i64) -> impl Future<Output = StoreResult<u64>> + Send {
+        self.inner.forget_requests(before_ms)
+    }
     fn query_audit(
         &self,
         filter: &AuditFilter,

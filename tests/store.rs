@@ -112,6 +112,7 @@ suite! {
         appending_again_changes_nothing,
         remembered_responses_round_trip,
         a_request_id_is_claimed_once,
+        expired_request_ids_are_forgotten,
         pruning_drops_whole_months_before_the_cutoff,
         a_dry_run_drops_nothing,
         records_far_from_the_prepared_months_are_kept,
@@ -832,6 +833,38 @@ async fn a_request_id_is_claimed_once<S: Store>(store: S) {
         .await
         .expect("append");
     assert_eq!(claim("req-3", 100_000).await, Claim::Answered(spooled));
+}
+
+async fn expired_request_ids_are_forgotten<S: Store>(store: S) {
+    let answered_at = |at_ms: i64| Remembered {
+        at_ms,
+        ..remembered_answer("d", b"answer")
+    };
+    store
+        .append_audit(
+            &[],
+            &[
+                ("edge".to_owned(), "old".to_owned(), answered_at(1_000)),
+                ("edge".to_owned(), "recent".to_owned(), answered_at(9_000)),
+            ],
+        )
+        .await
+        .expect("append");
+    for (request_id, at) in [("old-claim", 1_000), ("recent-claim", 9_000)] {
+        let claimed = store.claim_request("edge", request_id, at, at - 30_000).await;
+        assert_eq!(claimed.expect("claim"), Claim::Won);
+    }
+    assert_eq!(store.forget_requests(5_000).await.expect("forget"), 2);
+    assert_eq!(store.remembered("edge", "old").await.expect("read"), None);
+    assert_eq!(
+        store.remembered("edge", "recent").await.expect("read"),
+        Some(answered_at(9_000))
+    );
+    // The forgotten claim can be made again; the recent one still holds.
+    let claim = |request_id| store.claim_request("edge", request_id, 9_500, -20_500);
+    assert_eq!(claim("old-claim").await.expect("claim"), Claim::Won);
+    assert_eq!(claim("recent-claim").await.expect("claim"), Claim::Taken);
+    assert_eq!(store.forget_requests(5_000).await.expect("forget"), 0);
 }
 
 /// Copies of one request claiming at once through two handles (two replicas): one wins.

@@ -4,9 +4,14 @@
 //! begins without its partition. Should one still be missing (a server that
 //! slept through a month, a clock far off), the store creates it when an
 //! insert needs it; this task only keeps that off the hot path.
+//!
+//! The same round forgets the `request_id` answers and claims older than the
+//! idempotency retention (24 hours): past it they answer nothing, and kept
+//! they would grow by a row per request id for ever.
 
 use std::time::Duration;
 
+use crate::service::pipeline::IDEMPOTENCY_RETENTION_MS;
 use crate::store::Store;
 
 use crate::clock::now as now_ms;
@@ -15,8 +20,9 @@ use crate::clock::now as now_ms;
 /// two months prepared ahead, any interval far below a month will do.
 pub const PREPARE_INTERVAL: Duration = Duration::from_secs(3600);
 
-/// Prepares the coming periods every `interval`, forever (the server aborts
-/// the task when it stops). The first round is the caller's, at start-up.
+/// Prepares the coming periods and forgets expired request ids every
+/// `interval`, forever (the server aborts the task when it stops). The first
+/// round of preparing is the caller's, at start-up.
 pub async fn prepare_periodically<S: Store>(store: S, interval: Duration) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -29,6 +35,10 @@ pub async fn prepare_periodically<S: Store>(store: S, interval: Duration) {
                 %error,
                 "cannot prepare the coming months' audit partitions; inserts will create them when needed"
             );
+        }
+        match store.forget_requests(now_ms() - IDEMPOTENCY_RETENTION_MS).await {
+            Ok(forgotten) => tracing::debug!(forgotten, "expired request ids forgotten"),
+            Err(error) => tracing::warn!(%error, "cannot forget expired request ids; retrying next round"),
         }
     }
 }

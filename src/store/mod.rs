@@ -20,6 +20,8 @@
 //! * Added: [`connect`], [`StoreOptions`], [`AnyStore`], [`redact`].
 //! * Added: [`Store::prepare_audit_periods`] and [`Store::prune_audit`]
 //!   (audit retention, docs/decisions/0009-audit-partitioning.md).
+//! * Added: [`Store::claim_request`] and [`Store::forget_requests`]
+//!   (idempotency across replicas, docs/decisions/0016).
 //! * Audit records are typed ([`RecordKind`], [`RecordOutcome`],
 //!   [`RecordCode`]); a stored value this build cannot read is
 //!   [`StoreError::Corrupt`].
@@ -527,6 +529,10 @@ pub trait Store: Clone + Send + Sync + 'static {
         stale_before_ms: i64,
     ) -> impl Future<Output = StoreResult<Claim>> + Send;
 
+    /// Forgets the remembered answers and the claims made before `before_ms` (past the
+    /// idempotency retention, they answer nothing). Returns how many rows went.
+    fn forget_requests(&self, before_ms: i64) -> impl Future<Output = StoreResult<u64>> + Send;
+
     fn query_audit(&self, filter: &AuditFilter)
         -> impl Future<Output = StoreResult<Vec<AuditRecord>>> + Send;
 
@@ -671,6 +677,10 @@ impl Store for AnyStore {
         stale_before_ms: i64,
     ) -> StoreResult<Claim> {
         with_store!(self, store => store.claim_request(gateway, request_id, now_ms, stale_before_ms).await)
+    }
+
+    async fn forget_requests(&self, before_ms: i64) -> StoreResult<u64> {
+        with_store!(self, store => store.forget_requests(before_ms).await)
     }
 
     async fn query_audit(&self, filter: &AuditFilter) -> StoreResult<Vec<AuditRecord>> {

@@ -483,6 +483,23 @@ impl Store for SqliteStore {
         })
     }
 
+    async fn forget_requests(&self, before_ms: i64) -> StoreResult<u64> {
+        let _turn = self.write_turn().await;
+        let mut tx = self.pool.begin().await.during("forget_requests")?;
+        let answers = sqlx::query("DELETE FROM remembered_responses WHERE at < $1")
+            .bind(before_ms)
+            .execute(&mut *tx)
+            .await
+            .during("forget_requests")?;
+        let claims = sqlx::query("DELETE FROM request_claims WHERE claimed_at < $1")
+            .bind(before_ms)
+            .execute(&mut *tx)
+            .await
+            .during("forget_requests")?;
+        tx.commit().await.during("forget_requests")?;
+        Ok(answers.rows_affected() + claims.rows_affected())
+    }
+
     async fn query_audit(&self, filter: &AuditFilter) -> StoreResult<Vec<AuditRecord>> {
         sql::audit_query::<Sqlite>(filter)
             .build_query_as::<AuditRow>()
