@@ -22,8 +22,11 @@
 //!
 //! Scenarios: `uncapped` (an uncapped grant: audit only), `capped` (a grant
 //! with a ceiling no run can exhaust, spread over `--principals` principals:
-//! counter read + consumption + audit) and `capped-hot` (the same with one
-//! principal, so every consumption updates one counter row).
+//! counter read + consumption + audit), `capped-hot` (the same with one
+//! principal, so every consumption updates one counter row) and
+//! `uncapped-keyed` (`uncapped` with a fresh `request_id` per call: the claim
+//! and the remembered answer, docs/decisions/0016, against `uncapped` as its
+//! baseline).
 //!
 //! Everything is bounded: callers stop issuing calls at the end of each
 //! measurement, each call has a deadline, and the run works on a database
@@ -71,7 +74,7 @@ use plan::{Args, Plan};
 use report::{load_average, Report, Target};
 
 /// What the smoke run measures: the defaults but for one caller, no warm-up and 300 ms per
-/// measurement (2 baselines and 3 scenarios: about 2 s with the server's start).
+/// measurement (2 baselines and 4 scenarios: about 2.5 s with the server's start).
 const SMOKE: &[&str] = &[
     "service",
     "--concurrency",

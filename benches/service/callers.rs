@@ -118,7 +118,7 @@ pub async fn publish(connection: &Connection) -> Result<(), Failure> {
 /// The requests a scenario rotates through.
 pub fn requests(scenario: Scenario, principals: usize) -> Vec<DecideRequest> {
     let (tool, count) = match scenario {
-        Scenario::Uncapped => ("bench__free", principals),
+        Scenario::Uncapped | Scenario::UncappedKeyed => ("bench__free", principals),
         Scenario::Capped => ("bench__metered", principals),
         Scenario::CappedHot => ("bench__metered", 1),
     };
@@ -137,11 +137,18 @@ pub fn requests(scenario: Scenario, principals: usize) -> Vec<DecideRequest> {
                 }],
             })),
             target: Some(decide_request::Target::Tool(tool.to_owned())),
-            // No idempotency key: it would add a read and a write per call.
-            request_id: String::new(),
+            // Only the keyed scenario sends one; each caller makes it unique per call.
+            request_id: if scenario == Scenario::UncappedKeyed {
+                KEYED.to_owned()
+            } else {
+                String::new()
+            },
         })
         .collect()
 }
+
+/// The `request_id` of a keyed request template; each caller sends `<run>-<caller>-<n>` instead.
+const KEYED: &str = "keyed";
 
 /// What the callers of one measurement send.
 #[derive(Clone, Copy)]
@@ -181,7 +188,9 @@ pub async fn measure_calls(
                 Work::Decide(mine)
             }
         };
-        tasks.push(tokio::spawn(caller(Arc::clone(connection), work, window)));
+        // Unique across runs on the same database too: a key seen before would be a replay.
+        let keys = format!("{}-{index}", now_ms());
+        tasks.push(tokio::spawn(caller(Arc::clone(connection), work, window, keys)));
     }
     let mut total = Tally::default();
     for task in tasks {
@@ -196,7 +205,7 @@ pub async fn measure_calls(
     total.into_measured(connections.len(), name, label, plan.duration.as_secs_f64())
 }
 
-async fn caller(connection: Arc<Connection>, work: Work, window: Window) -> Tally {
+async fn caller(connection: Arc<Connection>, work: Work, window: Window, keys: String) -> Tally {
     let mut health = HealthClient::new(connection.channel.clone());
     let mut decisions = DecisionServiceClient::new(connection.channel.clone());
     let mut tally = Tally::default();
@@ -215,7 +224,10 @@ async fn caller(connection: Arc<Connection>, work: Work, window: Window) -> Tall
                 .map(|response| response.into_inner().status == ServingStatus::Serving as i32)
                 .map_err(|status| format!("{:?}: {}", status.code(), status.message())),
             Work::Decide(requests) => {
-                let request = requests[next % requests.len()].clone();
+                let mut request = requests[next % requests.len()].clone();
+                if request.request_id == KEYED {
+                    request.request_id = format!("{keys}-{next}");
+                }
                 next = next.wrapping_add(1);
                 match decisions.decide(connection.request(request)).await {
                     Ok(response) => match refusal(&response.into_inner().result) {

@@ -94,7 +94,12 @@ fn plans_are_bounded_and_deduplicated() {
     assert_eq!(checked.concurrency, [4, 1]);
     assert_eq!(
         checked.scenarios,
-        [Scenario::Capped, Scenario::Uncapped, Scenario::CappedHot]
+        [
+            Scenario::Capped,
+            Scenario::Uncapped,
+            Scenario::CappedHot,
+            Scenario::UncappedKeyed
+        ]
     );
     for refused in [
         &["--concurrency", "0"][..],

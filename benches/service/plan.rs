@@ -76,7 +76,10 @@ pub enum ScenarioArg {
     Capped,
     /// A capped grant with one principal: every consumption on one row.
     CappedHot,
-    /// All three.
+    /// The uncapped grant with a fresh `request_id` on every call: the claim and the remembered
+    /// answer too.
+    UncappedKeyed,
+    /// All four.
     All,
 }
 
@@ -86,6 +89,7 @@ pub enum Scenario {
     Uncapped,
     Capped,
     CappedHot,
+    UncappedKeyed,
 }
 
 impl Scenario {
@@ -94,6 +98,7 @@ impl Scenario {
             Scenario::Uncapped => "decide-uncapped",
             Scenario::Capped => "decide-capped",
             Scenario::CappedHot => "decide-capped-hot",
+            Scenario::UncappedKeyed => "decide-uncapped-keyed",
         }
     }
 
@@ -102,6 +107,7 @@ impl Scenario {
             Scenario::Uncapped => "Decide uncapped",
             Scenario::Capped => "Decide capped",
             Scenario::CappedHot => "Decide capped, one key",
+            Scenario::UncappedKeyed => "Decide uncapped, with request_id",
         }
     }
 }
@@ -151,7 +157,13 @@ impl Plan {
                 ScenarioArg::Uncapped => &[Scenario::Uncapped],
                 ScenarioArg::Capped => &[Scenario::Capped],
                 ScenarioArg::CappedHot => &[Scenario::CappedHot],
-                ScenarioArg::All => &[Scenario::Uncapped, Scenario::Capped, Scenario::CappedHot],
+                ScenarioArg::UncappedKeyed => &[Scenario::UncappedKeyed],
+                ScenarioArg::All => &[
+                    Scenario::Uncapped,
+                    Scenario::Capped,
+                    Scenario::CappedHot,
+                    Scenario::UncappedKeyed,
+                ],
             };
             for scenario in some {
                 if !scenarios.contains(scenario) {

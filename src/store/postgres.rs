@@ -439,16 +439,24 @@ impl Store for PostgresStore {
         now_ms: i64,
         stale_before_ms: i64,
     ) -> StoreResult<Claim> {
-        let won = {
-            sqlx::query(sql::CLAIM_REQUEST)
-                .bind(gateway)
-                .bind(request_id)
-                .bind(now_ms)
-                .bind(stale_before_ms)
-                .fetch_optional(&self.pool)
-                .await
-                .during("claim_request")?
-        };
+        // A claim need not survive a crash of the database: lost, a copy of the request decides
+        // again, as it did before claims existed. Committed without waiting for the WAL flush it
+        // costs a round trip instead of a disk sync per request (one fsync per call was 4x
+        // slower at 16 callers); it is visible to other sessions at once either way.
+        let mut tx = self.pool.begin().await.during("claim_request")?;
+        sqlx::query("SET LOCAL synchronous_commit = off")
+            .execute(&mut *tx)
+            .await
+            .during("claim_request")?;
+        let won = sqlx::query(sql::CLAIM_REQUEST)
+            .bind(gateway)
+            .bind(request_id)
+            .bind(now_ms)
+            .bind(stale_before_ms)
+            .fetch_optional(&mut *tx)
+            .await
+            .during("claim_request")?;
+        tx.commit().await.during("claim_request")?;
         if won.is_some() {
             return Ok(Claim::Won);
         }
