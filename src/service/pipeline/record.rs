@@ -142,7 +142,7 @@ mod tests {
         assert_eq!(kept[..], ids[..1820]);
         // Exactly at the bound is kept.
         let whole = "x".repeat(MAX_VISIBLE_RECORDED_BYTES);
-        assert_eq!(bounded_ids([whole.as_str()].into_iter()), [whole.clone()]);
+        assert_eq!(bounded_ids([whole.as_str()].into_iter()), [whole]);
         // An id longer than the bound keeps nothing after it either: the record holds a prefix.
         let long = "y".repeat(MAX_VISIBLE_RECORDED_BYTES + 1);
         assert!(bounded_ids([long.as_str(), "a.b"].into_iter()).is_empty());
