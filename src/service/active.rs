@@ -111,9 +111,9 @@ pub async fn compile_text(artifact: String, catalog: Option<String>) -> Compiled
 ///
 /// A compilation of an 8 MiB artifact and catalog allocates a few hundred megabytes and frees them
 /// when it is done; glibc's allocator keeps freed memory in its arenas, so the process stayed at
-/// 790 MB after eight big publishes. `malloc_trim(0)` returns every free page, in every arena,
-/// within milliseconds; it runs once per compilation, which is rare (a publish, an activation, a
-/// version another replica published). Elsewhere than glibc this does nothing.
+/// 790 MB after eight big publishes. `malloc_trim(0)` returns every free page, in every arena; it
+/// runs once per compilation, which is rare (a publish, an activation, a version another replica
+/// published). Elsewhere than glibc this does nothing.
 /// docs/decisions/0015-bounded-listing-and-publish.md has the measurements.
 pub struct ReturnFreedMemory;
 

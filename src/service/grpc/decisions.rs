@@ -177,6 +177,7 @@ fn response(answer: &Answer<'_>) -> DecideResponse {
 }
 
 /// The listing as `ListVisibleResponse`.
+///
 /// Every capability carries the listing's one `decision_id`: the record that says what was
 /// visible (docs/service.md, "The audit trail").
 fn listed(listing: &Listing<'_>) -> ListVisibleResponse {

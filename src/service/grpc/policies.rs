@@ -48,7 +48,7 @@ const ANSWER_DIAGNOSTICS: Bounds = Bounds {
 /// artifact and a catalog of up to 8 MiB each with their parsed trees and findings, some hundred
 /// megabytes at the limits; eight at once took 1.6 GiB. Two keep the peak bounded and still let a
 /// small publish pass a big one.
-pub const CONCURRENT_COMPILES: usize = 2;
+const CONCURRENT_COMPILES: usize = 2;
 
 /// How long a publish or an activation waits for a turn to compile before it is refused with
 /// `RESOURCE_EXHAUSTED`.
