@@ -88,7 +88,7 @@ on_both_stores! {
     a_failing_counter_store_denies_capped_calls_and_allows_uncapped_ones,
     without_a_spool_an_unwritable_audit_fails_the_call,
     with_a_spool_decisions_go_on_and_records_arrive_later,
-    list_visible_lists_tools_in_catalog_order_and_records_each_capability,
+    list_visible_lists_tools_in_catalog_order_and_records_what_was_visible,
     tokens_are_required_and_roles_enforced,
     health_follows_the_active_policy_and_reflection_lists_the_services,
     stopping_finishes_in_flight_calls_and_flushes_the_audit,
@@ -1195,7 +1195,7 @@ async fn with_a_spool_decisions_go_on_and_records_arrive_later(kind: Kind) {
 
 // ── ListVisible ───────────────────────────────────────────────────────────
 
-async fn list_visible_lists_tools_in_catalog_order_and_records_each_capability(kind: Kind) {
+async fn list_visible_lists_tools_in_catalog_order_and_records_what_was_visible(kind: Kind) {
     let harness = Harness::start(kind, |_| {}).await;
     harness.publish(POLICY, Some(CATALOG)).await.unwrap();
     let response = harness
@@ -1240,23 +1240,29 @@ async fn list_visible_lists_tools_in_catalog_order_and_records_each_capability(k
             ("docs.page.search", "/grants/3"),
         ]
     );
+    // One record for the listing, which every listed capability names: how many were visible
+    // and which.
     let audit = harness.audit().await;
-    assert_eq!(audit.len(), 3);
-    for capability in &visible.capabilities {
-        let record = audit
-            .iter()
-            .find(|r| r.decision_id == capability.decision_id)
-            .expect("one record per visible capability");
-        assert_eq!(
-            (
-                record.kind.as_str(),
-                record.outcome.as_str(),
-                record.capability.as_deref()
-            ),
-            ("list", "allow", Some(capability.capability.as_str()))
-        );
-        assert_eq!(record.request_id.as_deref(), Some("list-1"));
-    }
+    assert_eq!(audit.len(), 1);
+    let record = &audit[0];
+    assert!(visible
+        .capabilities
+        .iter()
+        .all(|capability| capability.decision_id == record.decision_id));
+    assert_eq!(
+        (
+            record.kind.as_str(),
+            record.outcome.as_str(),
+            record.principal_id.as_deref(),
+            record.request_id.as_deref(),
+            record.visible_count,
+        ),
+        ("list", "allow", Some("staff:bo"), Some("list-1"), Some(3))
+    );
+    assert_eq!(
+        record.visible,
+        ["tickets.issue.read", "tickets.issue.write", "docs.page.search"]
+    );
     // A listing consults no ceiling: the suspended grant still lists its tool.
     let finance = harness
         .decisions()

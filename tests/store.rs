@@ -509,6 +509,24 @@ async fn audit_records_round_trip<S: Store>(store: S) {
         usage_calls: Some(42),
         policy_version: Some(format!("sha256:{:064x}", 1)),
         policy_revision: Some(i64::MAX as u64),
+        visible_count: None,
+        visible: Vec::new(),
+    };
+    // A listing's one record: how many capabilities it showed, and which (here all of them).
+    let listing = AuditRecord {
+        decision_id: "0190a000-0000-7000-8000-000000000004".to_owned(),
+        at_ms: 1_700_000_000_004,
+        gateway: "edge".to_owned(),
+        kind: RecordKind::List,
+        outcome: RecordOutcome::Allow,
+        principal_id: Some("staff:ana".to_owned()),
+        visible_count: Some(3),
+        visible: vec![
+            "tickets.issue.read".to_owned(),
+            "tickets.issue.write".to_owned(),
+            "docs.page.search".to_owned(),
+        ],
+        ..AuditRecord::default()
     };
     let bare = AuditRecord {
         decision_id: "0190a000-0000-7000-8000-000000000001".to_owned(),
@@ -530,12 +548,20 @@ async fn audit_records_round_trip<S: Store>(store: S) {
         ..AuditRecord::default()
     };
     store
-        .append_audit(&[full.clone(), bare.clone(), refused_listing.clone()], &[])
+        .append_audit(
+            &[
+                full.clone(),
+                bare.clone(),
+                refused_listing.clone(),
+                listing.clone(),
+            ],
+            &[],
+        )
         .await
         .expect("append");
     assert_eq!(
         store.query_audit(&all(10)).await.expect("query"),
-        vec![refused_listing, full, bare]
+        vec![listing, refused_listing, full, bare]
     );
 }
 
@@ -1330,7 +1356,7 @@ mod postgres_only {
     }
 
     /// A database at migration 0001 with rows in it — what a server before
-    /// partitioning left — is migrated to 0002 without losing one, each row
+    /// partitioning left — is migrated (0002 partitions it) without losing one, each row
     /// in the partition `retention.rs` names, and goes on taking records.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_partitioning_migration_keeps_every_row() {
@@ -1352,7 +1378,7 @@ mod postgres_only {
                 .expect("relkind");
         assert_eq!(kind, "r", "0001's audit_log is a plain table");
 
-        // 0001-shaped rows, written by the store's own insert (which 0001 takes).
+        // 0001-shaped rows, written with 0001's columns (the store's insert names later ones too).
         let store = PostgresStore::connect_with(database.options.clone(), &StoreOptions::default())
             .await
             .expect("open");
@@ -1390,12 +1416,17 @@ mod postgres_only {
             usage_calls: Some(42),
             policy_version: Some(format!("sha256:{:064x}", 1)),
             policy_revision: Some(7),
+            visible_count: None,
+            visible: Vec::new(),
         });
-        store.append_audit(&rows, &[]).await.expect("append to 0001");
-        let before = store.query_audit(&all(1_000)).await.expect("query");
-        assert_eq!(before.len(), rows.len());
+        for row in &rows {
+            insert_at_0001(&pool, row).await;
+        }
+        // What the store reads back: the rows, newest first (by `at`, then by id).
+        let mut before = rows.clone();
+        before.sort_by(|a, b| (b.at_ms, &b.decision_id).cmp(&(a.at_ms, &a.decision_id)));
 
-        store.migrate().await.expect("migrate to 0002");
+        store.migrate().await.expect("migrate from 0001 to the latest");
         assert_eq!(store.query_audit(&all(1_000)).await.expect("query"), before);
 
         // Each row in its month's partition, with the bounds retention.rs computes.
@@ -1467,6 +1498,39 @@ mod postgres_only {
         assert!(after.contains(&new));
         pool.close().await;
         drop(database);
+    }
+
+    /// A record as a server at migration 0001 wrote it: that schema's columns only.
+    async fn insert_at_0001(pool: &sqlx::PgPool, record: &AuditRecord) {
+        let bigint = |value: Option<u64>| value.map(|value| i64::try_from(value).expect("fits BIGINT"));
+        sqlx::query(
+            "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
+                 principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
+                 usage_calls, policy_version, policy_revision) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)",
+        )
+        .bind(&record.decision_id)
+        .bind(record.at_ms)
+        .bind(&record.request_id)
+        .bind(&record.gateway)
+        .bind(record.kind.as_str())
+        .bind(record.outcome.as_str())
+        .bind(record.code.map(RecordCode::as_str))
+        .bind(&record.path)
+        .bind(&record.principal_id)
+        .bind(&record.issuer)
+        .bind(&record.subject)
+        .bind(&record.capability)
+        .bind(&record.tool)
+        .bind(&record.account_id)
+        .bind(bigint(record.limit_calls))
+        .bind(&record.limit_per)
+        .bind(bigint(record.usage_calls))
+        .bind(&record.policy_version)
+        .bind(bigint(record.policy_revision))
+        .execute(pool)
+        .await
+        .expect("insert a 0001 row");
     }
 
     async fn expect_notified(store: &PostgresStore) {

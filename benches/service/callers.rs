@@ -345,6 +345,8 @@ fn audit_row(sequence: usize) -> AuditRecord {
         usage_calls: Some(sequence as u64),
         policy_version: Some(format!("sha256:{}", "0".repeat(64))),
         policy_revision: Some(1),
+        visible_count: None,
+        visible: Vec::new(),
     }
 }
 

@@ -126,6 +126,8 @@ fn human(records: &[AuditRecord]) -> String {
             usage_calls,
             policy_version: _,
             policy_revision,
+            visible_count,
+            visible,
         } = record;
         let who = principal_id.clone().unwrap_or_else(|| {
             format!(
@@ -154,6 +156,15 @@ fn human(records: &[AuditRecord]) -> String {
         }
         if let Some(path) = path {
             let _ = write!(line, "  at={path}");
+        }
+        if let Some(count) = visible_count {
+            // A listing: how many capabilities it showed, and the ones its record holds.
+            let _ = write!(line, "  visible={count}({}", visible.join(","));
+            let unrecorded = count.saturating_sub(visible.len() as u64);
+            if unrecorded > 0 {
+                let _ = write!(line, ",+{unrecorded} more");
+            }
+            line.push(')');
         }
         if let Some(revision) = policy_revision {
             let _ = write!(line, "  rev={revision}");

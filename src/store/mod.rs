@@ -378,6 +378,15 @@ pub struct AuditRecord {
     pub usage_calls: Option<u64>,
     pub policy_version: Option<String>,
     pub policy_revision: Option<u64>,
+    /// A listing's record only: how many capabilities the listing showed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub visible_count: Option<u64>,
+    /// A listing's record only: the ids of the capabilities it showed, in declaration order — all
+    /// of them, or the first ones when `visible_count` says there were more (the service bounds
+    /// what it records; service.md, "The audit trail"). Stored as one text, the ids separated by
+    /// spaces (a capability id has none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub visible: Vec<String>,
 }
 
 /// What `capgate audit` asks for. Every field that is set must match.

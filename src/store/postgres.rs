@@ -554,11 +554,11 @@ impl PostgresStore {
             sqlx::query(
                 "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
                      principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
-                     usage_calls, policy_version, policy_revision) \
+                     usage_calls, policy_version, policy_revision, visible_count, visible) \
                  SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], \
                      $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], \
                      $12::text[], $13::text[], $14::text[], $15::bigint[], $16::text[], $17::bigint[], \
-                     $18::text[], $19::bigint[]) \
+                     $18::text[], $19::bigint[], $20::bigint[], $21::text[]) \
                  ON CONFLICT DO NOTHING",
             )
             .bind(columns.decision_id)
@@ -580,6 +580,8 @@ impl PostgresStore {
             .bind(columns.usage_calls)
             .bind(columns.policy_version)
             .bind(columns.policy_revision)
+            .bind(columns.visible_count)
+            .bind(columns.visible)
             .execute(&mut *tx)
             .await?;
         }
@@ -814,6 +816,8 @@ struct AuditArrays {
     usage_calls: Vec<Option<i64>>,
     policy_version: Vec<Option<String>>,
     policy_revision: Vec<Option<i64>>,
+    visible_count: Vec<Option<i64>>,
+    visible: Vec<Option<String>>,
 }
 
 impl AuditArrays {
@@ -839,6 +843,8 @@ impl AuditArrays {
             usage_calls: Vec::with_capacity(n),
             policy_version: Vec::with_capacity(n),
             policy_revision: Vec::with_capacity(n),
+            visible_count: Vec::with_capacity(n),
+            visible: Vec::with_capacity(n),
         };
         for record in records {
             let integers = AuditIntegers::of(record)?;
@@ -864,6 +870,8 @@ impl AuditArrays {
                 usage_calls: _,
                 policy_version,
                 policy_revision: _,
+                visible_count: _,
+                visible,
             } = record;
             columns.decision_id.push(decision_id.clone());
             columns.at.push(*at_ms);
@@ -884,6 +892,8 @@ impl AuditArrays {
             columns.usage_calls.push(integers.usage_calls);
             columns.policy_version.push(policy_version.clone());
             columns.policy_revision.push(integers.policy_revision);
+            columns.visible_count.push(integers.visible_count);
+            columns.visible.push(sql::join_visible(visible));
         }
         Ok(columns)
     }

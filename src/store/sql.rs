@@ -176,6 +176,8 @@ pub(super) struct AuditRow {
     usage_calls: Option<i64>,
     policy_version: Option<String>,
     policy_revision: Option<i64>,
+    visible_count: Option<i64>,
+    visible: Option<String>,
 }
 
 impl AuditRow {
@@ -200,6 +202,8 @@ impl AuditRow {
             usage_calls,
             policy_version,
             policy_revision,
+            visible_count,
+            visible,
         } = self;
         Ok(AuditRecord {
             decision_id,
@@ -223,14 +227,25 @@ impl AuditRow {
             usage_calls: to_unsigned_opt(usage_calls, "usage_calls")?,
             policy_version,
             policy_revision: to_unsigned_opt(policy_revision, "policy_revision")?,
+            visible_count: to_unsigned_opt(visible_count, "visible_count")?,
+            visible: visible.as_deref().map(split_visible).unwrap_or_default(),
         })
     }
+}
+
+/// The `visible` column of a record: its ids, separated by spaces; `None` (NULL) for none.
+pub(super) fn join_visible(visible: &[String]) -> Option<String> {
+    (!visible.is_empty()).then(|| visible.join(" "))
+}
+
+fn split_visible(text: &str) -> Vec<String> {
+    text.split(' ').map(str::to_owned).collect()
 }
 
 /// The columns of `audit_log`, in the order of [`AuditRow`].
 const AUDIT_COLUMNS: &str = "decision_id, at, request_id, gateway, kind, outcome, code, path, \
      principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, usage_calls, \
-     policy_version, policy_revision";
+     policy_version, policy_revision, visible_count, visible";
 
 /// An audit record's integer columns as `BIGINT`s, checked before anything
 /// is written.
@@ -238,6 +253,7 @@ pub(super) struct AuditIntegers {
     pub(super) limit_calls: Option<i64>,
     pub(super) usage_calls: Option<i64>,
     pub(super) policy_revision: Option<i64>,
+    pub(super) visible_count: Option<i64>,
 }
 
 impl AuditIntegers {
@@ -247,6 +263,7 @@ impl AuditIntegers {
             limit_calls: opt(record.limit_calls, "limit_calls")?,
             usage_calls: opt(record.usage_calls, "usage_calls")?,
             policy_revision: opt(record.policy_revision, "policy_revision")?,
+            visible_count: opt(record.visible_count, "visible_count")?,
         })
     }
 }
@@ -404,6 +421,8 @@ mod tests {
             usage_calls,
             policy_version: None,
             policy_revision: None,
+            visible_count: None,
+            visible: None,
         }
     }
 

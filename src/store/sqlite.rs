@@ -392,13 +392,15 @@ impl Store for SqliteStore {
                 usage_calls: _,
                 policy_version,
                 policy_revision: _,
+                visible_count: _,
+                visible,
             } = record;
             sqlx::query(
                 "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
                      principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
-                     usage_calls, policy_version, policy_revision) \
+                     usage_calls, policy_version, policy_revision, visible_count, visible) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-                     $18, $19) \
+                     $18, $19, $20, $21) \
                  ON CONFLICT DO NOTHING",
             )
             .bind(decision_id)
@@ -420,6 +422,8 @@ impl Store for SqliteStore {
             .bind(integers.usage_calls)
             .bind(policy_version)
             .bind(integers.policy_revision)
+            .bind(integers.visible_count)
+            .bind(sql::join_visible(visible))
             .execute(&mut *tx)
             .await
             .during("append_audit")?;

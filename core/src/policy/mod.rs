@@ -17,7 +17,7 @@ pub mod syntax;
 
 pub use catalog::{load_catalog, CatalogError};
 pub use compile::{compile, Compilation};
-pub use diagnostic::{has_errors, Code, Diagnostic, Related, Severity};
+pub use diagnostic::{bounded, has_errors, Bounds, Code, Diagnostic, Related, Severity};
 pub use document::{Document, Position};
 pub use model::CompiledPolicy;
 

@@ -331,6 +331,8 @@ mod tests {
             usage_calls: Some(1),
             policy_version: Some("sha256:00".into()),
             policy_revision: Some(1),
+            visible_count: None,
+            visible: Vec::new(),
         }
     }
 

@@ -177,8 +177,16 @@ fn response(answer: &Answer<'_>) -> DecideResponse {
 }
 
 /// The listing as `ListVisibleResponse`.
+///
+/// Every capability carries the listing's one `decision_id`: the record that says what was
+/// visible (docs/service.md, "The audit trail").
 fn listed(listing: &Listing<'_>) -> ListVisibleResponse {
-    let Listing { at_ms, active, seen } = listing;
+    let Listing {
+        decision_id,
+        at_ms,
+        active,
+        seen,
+    } = listing;
     let result = match seen {
         Err(problem) => list_visible_response::Result::Unauthenticated(Unauthenticated {
             problem: convert::auth_problem(*problem).into(),
@@ -187,7 +195,7 @@ fn listed(listing: &Listing<'_>) -> ListVisibleResponse {
             capabilities: seen
                 .capabilities
                 .iter()
-                .map(|(item, decision_id)| VisibleCapability {
+                .map(|item| VisibleCapability {
                     capability: item.capability.id.clone(),
                     account: Some(proto::Account {
                         id: item.account.id.clone(),

@@ -8,17 +8,19 @@
 //! store's notifications or their next poll.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::store::{ActivateOutcome, NewPolicy, PublishOutcome, Store, StoreError, StoredPolicy};
 use crate::telemetry::rpc::policy as traced;
 use capgate_core::access::{effective_diff, Ruleset, Side};
-use capgate_core::policy::{version_label, CompiledPolicy};
+use capgate_core::policy::{bounded, version_label, Bounds, CompiledPolicy, Diagnostic};
 
 use crate::clock::now as now_ms;
-use crate::service::active::{compile_text, Active, Compiled, RefreshError};
+use crate::service::active::{compile_text, Active, Compiled, RefreshError, ReturnFreedMemory};
 use crate::service::auth::Role;
 use crate::service::{bounds, State};
 use crate::wire::convert;
@@ -34,14 +36,51 @@ const DEFAULT_LIST: u32 = 100;
 /// `ListPolicyVersions` at most.
 const MAX_LIST: u32 = 1000;
 
+/// What a publish's answer carries of its diagnostics: the first 100 of each code and 512 KiB of
+/// their text, then one summary per code that was cut. A 100,000-tool catalog was 100,000
+/// warnings and 14 MB, past the 4 MiB a default gRPC client accepts (docs/decisions/0015).
+const ANSWER_DIAGNOSTICS: Bounds = Bounds {
+    per_code: 100,
+    bytes: 512 * 1024,
+};
+
+/// Compilations that callers' publishes and activations run at once on this replica. One holds an
+/// artifact and a catalog of up to 8 MiB each with their parsed trees and findings, some hundred
+/// megabytes at the limits; eight at once took 1.6 GiB. Two keep the peak bounded and still let a
+/// small publish pass a big one.
+const CONCURRENT_COMPILES: usize = 2;
+
+/// How long a publish or an activation waits for a turn to compile before it is refused with
+/// `RESOURCE_EXHAUSTED`.
+const COMPILE_WAIT: Duration = Duration::from_secs(5);
+
 /// The policy service over a store.
 pub struct Policies<S: Store> {
     state: Arc<State<S>>,
+    /// The turns to compile ([`CONCURRENT_COMPILES`]).
+    compiling: Semaphore,
 }
 
 impl<S: Store> Policies<S> {
     pub fn new(state: Arc<State<S>>) -> Self {
-        Policies { state }
+        Policies {
+            state,
+            compiling: Semaphore::new(CONCURRENT_COMPILES),
+        }
+    }
+
+    /// A turn to compile, held until the call is answered; `RESOURCE_EXHAUSTED` after
+    /// [`COMPILE_WAIT`] without one.
+    async fn turn(&self) -> Result<SemaphorePermit<'_>, Status> {
+        match tokio::time::timeout(COMPILE_WAIT, self.compiling.acquire()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            // The semaphore is never closed; a wait that ran out is the only way here.
+            Ok(Err(_)) | Err(_) => Err(Status::resource_exhausted(format!(
+                "{CONCURRENT_COMPILES} publishes or activations are already compiling on this replica and \
+                 none finished within {} s: retry later",
+                COMPILE_WAIT.as_secs()
+            ))),
+        }
     }
 
     /// The version a change is diffed against: what the store says is active
@@ -96,6 +135,14 @@ fn changes(before: Option<&Active>, after: &CompiledPolicy) -> Vec<DecisionChang
         .collect()
 }
 
+/// Diagnostics as an answer carries them: bounded ([`ANSWER_DIAGNOSTICS`]).
+fn answered(diagnostics: Vec<Diagnostic>) -> Vec<crate::wire::proto::Diagnostic> {
+    bounded(diagnostics, ANSWER_DIAGNOSTICS)
+        .iter()
+        .map(convert::diagnostic)
+        .collect()
+}
+
 /// The label compared to tell whether a catalog changed.
 fn catalog_label(catalog: Option<&str>) -> Option<String> {
     catalog.map(|text| version_label(text.as_bytes()))
@@ -110,6 +157,9 @@ impl<S: Store> PolicyService for Policies<S> {
         let caller = self.state.tokens.authorize(request.metadata(), Role::Admin)?;
         let request = request.into_inner();
         bounds::publish(&request)?;
+        // Dropped last, once everything this call compiled is freed.
+        let _return_memory = ReturnFreedMemory;
+        let _turn = self.turn().await?;
         let PublishPolicyRequest {
             artifact,
             catalog,
@@ -130,7 +180,7 @@ impl<S: Store> PolicyService for Policies<S> {
                     accepted: false,
                     revision: 0,
                     version,
-                    diagnostics: diagnostics.iter().map(convert::diagnostic).collect(),
+                    diagnostics: answered(diagnostics),
                     changes: Vec::new(),
                     unchanged: false,
                 }));
@@ -143,7 +193,7 @@ impl<S: Store> PolicyService for Policies<S> {
                 ));
             }
         };
-        let diagnostics: Vec<_> = diagnostics.iter().map(convert::diagnostic).collect();
+        let diagnostics = answered(diagnostics);
         let catalog_version = catalog_label(catalog.as_deref());
 
         let store = &self.state.store;
@@ -285,6 +335,9 @@ impl<S: Store> PolicyService for Policies<S> {
             expected_active_revision,
         } = request.into_inner();
         traced(Some(revision), None);
+        // Dropped last, once everything this call compiled is freed.
+        let _return_memory = ReturnFreedMemory;
+        let _turn = self.turn().await?;
         let store = &self.state.store;
         let stored = store
             .policy(revision)

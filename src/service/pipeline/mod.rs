@@ -106,14 +106,17 @@ pub enum Replied<'a> {
 
 /// A listing: what the caller may see, on the version `active` holds.
 pub struct Listing<'a> {
+    /// UUIDv7 of the listing's one audit record.
+    pub decision_id: String,
     pub at_ms: i64,
     pub active: &'a Active,
     pub seen: Result<Seen<'a>, AuthProblem>,
 }
 
-/// The visible capabilities, each with the id of its audit record, and the tools realising them.
+/// The visible capabilities and the tools realising them.
 pub struct Seen<'a> {
-    pub capabilities: Vec<(VisibleCapability<'a>, String)>,
+    /// In declaration order.
+    pub capabilities: Vec<VisibleCapability<'a>>,
     /// Visible tools, in catalog order.
     pub tools: Vec<&'a ToolDescriptor>,
 }
@@ -153,7 +156,7 @@ async fn decide_once<'a, S: Store>(
 ) -> Result<Answer<'a>, Refusal> {
     let at_ms = crate::clock::now();
     let identified = identify(&state.oidc, active, ask.gateway, &ask.caller, at_ms).await?;
-    let mut record = record::Base::new(ask, active, at_ms).decide(&identified);
+    let mut record = record::Base::new(ask, active, at_ms).decide(&identified, target);
     let principal = match identified.outcome {
         Ok(principal) => principal,
         Err(problem) => {
@@ -170,22 +173,19 @@ async fn decide_once<'a, S: Store>(
     record::principal(&mut record, &principal);
 
     let (capability, tool): (&str, Option<&'a ToolDescriptor>) = match target {
-        Target::Tool(name) => {
-            record.tool = Some(name.to_owned());
-            match active.policy.tools.resolve(name) {
-                Some(tool) => (tool.capability.as_str(), Some(tool)),
-                None => {
-                    record::unknown_tool(&mut record);
-                    let answer = Answer {
-                        decision_id: record.decision_id.clone(),
-                        at_ms,
-                        active,
-                        verdict: Verdict::UnknownTool(name.to_owned()),
-                    };
-                    return finish(state, ask, record, answer, remember).await;
-                }
+        Target::Tool(name) => match active.policy.tools.resolve(name) {
+            Some(tool) => (tool.capability.as_str(), Some(tool)),
+            None => {
+                record::unknown_tool(&mut record);
+                let answer = Answer {
+                    decision_id: record.decision_id.clone(),
+                    at_ms,
+                    active,
+                    verdict: Verdict::UnknownTool(name.to_owned()),
+                };
+                return finish(state, ask, record, answer, remember).await;
             }
-        }
+        },
         Target::Capability(capability) => (capability, None),
     };
 
@@ -258,8 +258,11 @@ async fn finish<'a, S: Store>(
     Ok(answer)
 }
 
-/// Lists what the caller may see and returns once every listed capability's audit record is
-/// durable (one record per visible capability, or one for a caller that could not be identified).
+/// Lists what the caller may see and returns once the listing's audit record is durable: one
+/// record per listing, whatever it shows — how many capabilities and which (bounded, `record.rs`),
+/// or who tried when the caller could not be identified. A record per visible capability made
+/// a listing of a big grant set one transaction of as many rows, past the audit deadline
+/// (docs/decisions/0015-bounded-listing-and-publish.md).
 pub async fn list<'a, S: Store>(
     state: &State<S>,
     active: &'a Active,
@@ -267,18 +270,18 @@ pub async fn list<'a, S: Store>(
 ) -> Result<Listing<'a>, Refusal> {
     let at_ms = crate::clock::now();
     let identified = identify(&state.oidc, active, ask.gateway, &ask.caller, at_ms).await?;
-    let base = record::Base::new(&ask, active, at_ms);
+    let mut record = record::Base::new(&ask, active, at_ms).list(&identified);
+    let decision_id = record.decision_id.clone();
     let principal = match &identified.outcome {
         Ok(principal) => principal,
         Err(problem) => {
             let problem = *problem;
-            // Not in the spec's list (one allow per visible capability), but every request is
-            // recorded: a refused listing says who tried.
-            let mut record = base.list(&identified);
+            // Every request is recorded: a refused listing says who tried.
             record::unauthenticated(&mut record, problem);
-            write(state, vec![record]).await?;
+            write(state, record).await?;
             telemetry::rpc::listed(active.revision, &active.version, Err(problem));
             return Ok(Listing {
+                decision_id,
                 at_ms,
                 active,
                 seen: Err(problem),
@@ -286,17 +289,11 @@ pub async fn list<'a, S: Store>(
         }
     };
 
-    let seen = visible(&active.policy.ruleset, principal, at_ms);
-    let mut records = Vec::with_capacity(seen.len());
-    let mut capabilities = Vec::with_capacity(seen.len());
-    for item in seen {
-        let record = record::listed(base.list(&identified), principal, &item);
-        capabilities.push((item, record.decision_id.clone()));
-        records.push(record);
-    }
+    let capabilities = visible(&active.policy.ruleset, principal, at_ms);
+    record::listed(&mut record, principal, &capabilities);
     let allowed: HashSet<&'a str> = capabilities
         .iter()
-        .map(|(item, _)| {
+        .map(|item| {
             let capability: &'a CapabilityRule = item.capability;
             capability.id.as_str()
         })
@@ -306,21 +303,20 @@ pub async fn list<'a, S: Store>(
         .tools
         .realizing(move |capability| allowed.contains(capability))
         .collect();
-    if !records.is_empty() {
-        write(state, records).await?;
-    }
+    write(state, record).await?;
     telemetry::rpc::listed(active.revision, &active.version, Ok(capabilities.len()));
     Ok(Listing {
+        decision_id,
         at_ms,
         active,
         seen: Ok(Seen { capabilities, tools }),
     })
 }
 
-async fn write<S: Store>(state: &State<S>, records: Vec<crate::store::AuditRecord>) -> Result<(), Refusal> {
+async fn write<S: Store>(state: &State<S>, record: crate::store::AuditRecord) -> Result<(), Refusal> {
     state
         .audit
-        .write(records, Vec::new())
+        .write(vec![record], Vec::new())
         .await
         .map(|_| ())
         .map_err(|_| {

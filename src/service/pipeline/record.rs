@@ -9,7 +9,7 @@ use crate::service::active::Active;
 use crate::service::identify::Identified;
 use crate::store::{AuditRecord, RecordCode, RecordKind, RecordOutcome};
 
-use super::{Ask, Metered};
+use super::{Ask, Metered, Target};
 
 /// What every record of one request shares.
 pub(super) struct Base {
@@ -31,9 +31,16 @@ impl Base {
         }
     }
 
-    /// A decision's record, before its outcome is known (denied until decided otherwise).
-    pub(super) fn decide(&self, identified: &Identified) -> AuditRecord {
-        self.record(RecordKind::Decide, identified)
+    /// A decision's record, before its outcome is known (denied until decided otherwise). It
+    /// names the target as asked for from the start, so that a caller who is never identified
+    /// still leaves a record of what they tried (bounded: the door checked its length).
+    pub(super) fn decide(&self, identified: &Identified, target: Target<'_>) -> AuditRecord {
+        let mut record = self.record(RecordKind::Decide, identified);
+        match target {
+            Target::Tool(name) => record.tool = Some(name.to_owned()),
+            Target::Capability(capability) => record.capability = Some(capability.to_owned()),
+        }
+        record
     }
 
     /// One listing record.
@@ -92,21 +99,52 @@ pub(super) fn decided(record: &mut AuditRecord, capability: &str, metered: &Mete
     }
 }
 
-/// One capability a listing shows.
-pub(super) fn listed(
-    mut record: AuditRecord,
-    principal: &Principal,
-    item: &VisibleCapability<'_>,
-) -> AuditRecord {
+/// The most a listing's record holds of the ids it showed: the ids and the spaces between them.
+/// A listing may show every capability of an 8 MiB policy; its record says how many it showed and
+/// which, as many as fit here (in declaration order), so that it stays one small row whatever
+/// the policy's size. 16 KiB holds some 500 ids of a usual length, more than an agent lists.
+const MAX_VISIBLE_RECORDED_BYTES: usize = 16 * 1024;
+
+/// What a listing showed an identified principal: one record for the whole listing.
+pub(super) fn listed(record: &mut AuditRecord, principal: &Principal, seen: &[VisibleCapability<'_>]) {
+    // The listing was answered; how much it showed is `visible_count`, which grant showed each
+    // capability is a question for `capgate explain` on the recorded revision.
     record.outcome = RecordOutcome::Allow;
-    record.code = Some(RecordCode::Reason(capgate_core::access::ReasonCode::Granted));
-    record.path = Some(item.path.to_owned());
     record.principal_id = Some(principal.id.clone());
     record.issuer = Some(principal.issuer.clone());
     record.subject = Some(principal.subject.clone());
-    record.capability = Some(item.capability.id.clone());
-    record.account_id = Some(item.account.id.clone());
-    record.limit_calls = item.limits.map(|limits| limits.calls);
-    record.limit_per = item.limits.map(|limits| limits.per.clone());
-    record
+    record.visible_count = Some(seen.len() as u64);
+    record.visible = bounded_ids(seen.iter().map(|item| item.capability.id.as_str()));
+}
+
+/// The first `ids` that fit in [`MAX_VISIBLE_RECORDED_BYTES`], spaces between them included.
+fn bounded_ids<'a>(ids: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut bytes = 0;
+    ids.take_while(|id| {
+        // The first id needs no separator; every later one does.
+        bytes += id.len() + usize::from(bytes > 0);
+        bytes <= MAX_VISIBLE_RECORDED_BYTES
+    })
+    .map(str::to_owned)
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_ids_stop_where_the_next_would_pass_the_bound() {
+        // 8-byte ids: 1820 of them and 1819 spaces are 16,379 bytes; one more would be 16,388.
+        let ids: Vec<String> = (0..2000).map(|n| format!("c{n:07}")).collect();
+        let kept = bounded_ids(ids.iter().map(String::as_str));
+        assert_eq!(kept.len(), 1820);
+        assert_eq!(kept[..], ids[..1820]);
+        // Exactly at the bound is kept.
+        let whole = "x".repeat(MAX_VISIBLE_RECORDED_BYTES);
+        assert_eq!(bounded_ids([whole.as_str()].into_iter()), [whole]);
+        // An id longer than the bound keeps nothing after it either: the record holds a prefix.
+        let long = "y".repeat(MAX_VISIBLE_RECORDED_BYTES + 1);
+        assert!(bounded_ids([long.as_str(), "a.b"].into_iter()).is_empty());
+    }
 }
