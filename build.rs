@@ -31,8 +31,10 @@ fn generate() {
     .expect("write the descriptor set");
     // Maps as BTreeMap: a remembered response is re-sent byte for byte, and
     // ordered maps make encoding the same response give the same bytes.
+    // The codec answers a request that is not valid protobuf INVALID_ARGUMENT (src/wire/codec.rs).
     tonic_prost_build::configure()
         .btree_map(".")
+        .codec_path("crate::wire::codec::Codec")
         .build_client(true)
         .build_server(true)
         .compile_fds(descriptors)

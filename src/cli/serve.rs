@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::service::config::Connections;
 use crate::service::{self, Config, ConfigError, PolicyFile, StartError, Tls, Token};
 use crate::telemetry::{self, Telemetry, TelemetryError};
 
@@ -51,6 +52,27 @@ pub struct Args {
     /// At most this many records per audit transaction.
     #[arg(long, value_name = "N", default_value_t = 512)]
     pub audit_batch: usize,
+    /// A connection that has not finished TLS (when configured) and its HTTP/2 preface by
+    /// then is closed.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub handshake_timeout: Duration,
+    /// A connection with no call open for this long is closed.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+    /// Send an HTTP/2 PING on a connection nothing was read from for this long…
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub keepalive_interval: Duration,
+    /// …and close it when the PING is not answered within this.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub keepalive_timeout: Duration,
+    /// At most this many connections at once; more are closed as soon as they are accepted.
+    /// Default: half the open-file limit (`ulimit -n`), at most 4096.
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// At most this many calls open at once on one connection (HTTP/2
+    /// SETTINGS_MAX_CONCURRENT_STREAMS); a client queues or is refused the others.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub max_concurrent_streams: u32,
     /// A gateway token, `NAME=env://VAR` or `NAME=file:///path`; repeatable.
     /// NAME is the gateway's identity in the audit trail.
     #[arg(long, value_name = "NAME=REF")]
@@ -159,6 +181,14 @@ fn config(args: &Args, policy: Option<PolicyFile>) -> Result<Config, Failure> {
     config.audit_timeout = args.audit_timeout;
     config.audit_spool = args.audit_spool.clone();
     config.audit_batch = args.audit_batch;
+    config.connections = Connections {
+        handshake_timeout: args.handshake_timeout,
+        idle_timeout: args.idle_timeout,
+        keepalive_interval: args.keepalive_interval,
+        keepalive_timeout: args.keepalive_timeout,
+        max_connections: args.max_connections,
+        max_concurrent_streams: args.max_concurrent_streams,
+    };
     let tokens = |flag: &str, specs: &[String]| -> Result<Vec<Token>, Failure> {
         specs
             .iter()

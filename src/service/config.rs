@@ -39,6 +39,27 @@ pub struct Config {
     pub oidc: OidcSettings,
     /// Root certificates (DER) trusted for `https` discovery besides the system's.
     pub oidc_roots: Vec<Vec<u8>>,
+    /// How long connections may take and stay, and how many (docs/decisions/0013).
+    pub connections: Connections,
+}
+
+/// The bounds on the decision port's connections (`connections.rs` enforces them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Connections {
+    /// TLS (when configured) and the client's HTTP/2 connection preface must be done by then.
+    pub handshake_timeout: Duration,
+    /// A connection with no open stream for this long is closed.
+    pub idle_timeout: Duration,
+    /// A connection nothing was read from for this long is sent an HTTP/2 PING…
+    pub keepalive_interval: Duration,
+    /// …and closed when the PING is not answered within this.
+    pub keepalive_timeout: Duration,
+    /// At most this many connections at once, counted from accept to close; the ones past it
+    /// are closed at once. `None`: half the process's open-file limit, at most
+    /// [`Connections::DEFAULT_MAX`].
+    pub max_connections: Option<usize>,
+    /// SETTINGS_MAX_CONCURRENT_STREAMS: the streams (calls) one connection may have open.
+    pub max_concurrent_streams: u32,
 }
 
 impl Config {
@@ -58,6 +79,16 @@ impl Config {
             tls: None,
             oidc: OidcSettings::default(),
             oidc_roots: Vec::new(),
+            connections: Connections {
+                // A client on the same network does TLS and its preface in milliseconds.
+                handshake_timeout: Duration::from_secs(5),
+                // Long enough that a gateway between bursts keeps its connection.
+                idle_timeout: Duration::from_secs(300),
+                keepalive_interval: Duration::from_secs(30),
+                keepalive_timeout: Duration::from_secs(10),
+                max_connections: None,
+                max_concurrent_streams: 256,
+            },
         }
     }
 
@@ -93,6 +124,35 @@ impl Config {
         if self.audit_batch == 0 {
             return Err(ConfigError::Invalid(
                 "--audit-batch must be at least 1".to_owned(),
+            ));
+        }
+        self.connections.check()
+    }
+}
+
+impl Connections {
+    /// The largest default connection cap, whatever the open-file limit.
+    pub const DEFAULT_MAX: usize = 4096;
+
+    /// Every duration longer than zero, every count at least 1; the error names the flag.
+    fn check(&self) -> Result<(), ConfigError> {
+        let durations = [
+            ("--handshake-timeout", self.handshake_timeout),
+            ("--idle-timeout", self.idle_timeout),
+            ("--keepalive-interval", self.keepalive_interval),
+            ("--keepalive-timeout", self.keepalive_timeout),
+        ];
+        if let Some((flag, _)) = durations.iter().find(|(_, duration)| duration.is_zero()) {
+            return Err(ConfigError::Invalid(format!("`{flag}` must be longer than 0ms")));
+        }
+        if self.max_connections == Some(0) {
+            return Err(ConfigError::Invalid(
+                "`--max-connections` must be at least 1".to_owned(),
+            ));
+        }
+        if self.max_concurrent_streams == 0 {
+            return Err(ConfigError::Invalid(
+                "`--max-concurrent-streams` must be at least 1".to_owned(),
             ));
         }
         Ok(())
@@ -222,6 +282,35 @@ mod tests {
         assert_eq!(guarded.check(), Ok(()));
         guarded.admin_tokens.push(Token::new("gw", b"other"));
         assert_eq!(guarded.check(), Err(ConfigError::DuplicateTokenName("gw".into())));
+    }
+
+    #[test]
+    fn connection_bounds_must_be_positive_and_name_their_flag() {
+        let mut config = Config::new(vec![addr("127.0.0.1:0")]);
+        assert_eq!(config.check(), Ok(()));
+        config.connections.idle_timeout = Duration::ZERO;
+        assert_eq!(
+            config.check(),
+            Err(ConfigError::Invalid(
+                "`--idle-timeout` must be longer than 0ms".into()
+            ))
+        );
+        config.connections.idle_timeout = Duration::from_secs(1);
+        config.connections.max_connections = Some(0);
+        assert_eq!(
+            config.check(),
+            Err(ConfigError::Invalid(
+                "`--max-connections` must be at least 1".into()
+            ))
+        );
+        config.connections.max_connections = Some(1);
+        config.connections.max_concurrent_streams = 0;
+        assert_eq!(
+            config.check(),
+            Err(ConfigError::Invalid(
+                "`--max-concurrent-streams` must be at least 1".into()
+            ))
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! | file | what it holds |
 //! |---|---|
 //! | `config.rs` | the resolved configuration (tokens by reference, TLS) |
+//! | `connections.rs` | the decision port's connections: cap, handshake, TLS, idle close |
 //! | `active.rs` | the active policy, its atomic swap and the store follower |
 //! | `health.rs` | the gRPC health service's statuses |
 //! | `pipeline/` | the decision pipeline: identify, resolve, evaluate, consume, audit, answer |
@@ -27,6 +28,7 @@ pub mod audit;
 pub mod auth;
 pub mod bounds;
 pub mod config;
+pub mod connections;
 pub mod grpc;
 pub mod health;
 pub mod identify;
@@ -41,9 +43,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
-use tokio_stream::{StreamExt, StreamMap};
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::transport::Server;
 use tonic_health::ServingStatus;
 
 use crate::identity::jwks::OidcDirectory;
@@ -54,6 +54,7 @@ use active::{compile_text, Active, ActivePolicy, Compiled};
 use audit::{AuditOptions, AuditWriter};
 use auth::Tokens;
 pub use config::{Config, ConfigError, PolicyFile, Tls, Token};
+use connections::{Acceptor, StreamLayer};
 use grpc::decisions::Decisions;
 use grpc::policies::Policies;
 use pipeline::Turns;
@@ -255,9 +256,9 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
         oidc,
     });
 
-    let mut listeners = StreamMap::new();
+    let mut listeners = Vec::with_capacity(config.listen.len());
     let mut addrs = Vec::with_capacity(config.listen.len());
-    for (index, addr) in config.listen.iter().enumerate() {
+    for addr in &config.listen {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|error| StartError::Bind { addr: *addr, error })?;
@@ -265,31 +266,23 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
             .local_addr()
             .map_err(|error| StartError::Bind { addr: *addr, error })?;
         addrs.push(bound);
-        listeners.insert(index, TcpListenerStream::new(listener));
+        listeners.push(listener);
     }
-    let incoming = listeners.map(|(_, accepted)| {
-        accepted.inspect(|stream| {
-            // Small messages both ways: no Nagle delay.
-            let _ = stream.set_nodelay(true);
-        })
-    });
-
-    let mut builder = Server::builder();
-    if let Some(tls) = &config.tls {
-        let mut tls_config = ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert, &tls.key));
-        if let Some(ca) = &tls.client_ca {
-            tls_config = tls_config.client_ca_root(Certificate::from_pem(ca));
-        }
-        builder = builder
-            .tls_config(tls_config)
-            .map_err(|error| StartError::Tls(error.to_string()))?;
-    }
+    // The connection cap, handshake deadline, TLS and idle watch are the acceptor's; keepalive
+    // pings and the stream limit are hyper's (docs/decisions/0013).
+    let acceptor = Acceptor::new(&config.connections, config.tls.as_ref()).map_err(StartError::Tls)?;
+    let builder = Server::builder()
+        .http2_keepalive_interval(Some(config.connections.keepalive_interval))
+        .http2_keepalive_timeout(Some(config.connections.keepalive_timeout))
+        .max_concurrent_streams(config.connections.max_concurrent_streams);
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(crate::wire::proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|error| StartError::Active(format!("reflection: {error}")))?;
     let router = builder
+        // A connection with a call open is not idle.
+        .layer(StreamLayer)
         // One span per capgate RPC, with its duration and status (src/telemetry).
         .layer(crate::telemetry::RpcLayer)
         .add_service(health_service)
@@ -315,8 +308,10 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
         addresses = %shown.join(", "),
         tls = config.tls.is_some(),
         mutual_tls = config.tls.as_ref().is_some_and(|tls| tls.client_ca.is_some()),
+        max_connections = acceptor.max_connections(),
         "capgate serving"
     );
+    let incoming = acceptor.incoming(listeners);
     if !config.authenticates() {
         tracing::warn!("no tokens configured: accepting unauthenticated calls, on loopback addresses only");
     }

@@ -32,6 +32,8 @@ pub const AUDIT_COMMIT_DURATION: &str = "capgate.audit.commit.duration";
 pub const ACTIVE_REVISION: &str = "capgate.policy.active_revision";
 /// `capgate.policy.swaps`: installations of a policy version on this replica.
 pub const POLICY_SWAPS: &str = "capgate.policy.swaps";
+/// `capgate.connections.closed`: decision-port connections the server closed, by reason.
+pub const CONNECTIONS_CLOSED: &str = "capgate.connections.closed";
 
 /// Seconds, from 100 µs (a denial decided in memory) to 10 s (far past every timeout).
 const LATENCY_BOUNDARIES: [f64; 16] = [
@@ -52,6 +54,7 @@ pub struct Metrics {
     audit_batch_size: Histogram<u64>,
     audit_commit_duration: Histogram<f64>,
     policy_swaps: Counter<u64>,
+    connections_closed: Counter<u64>,
     /// 0 while no version is active (then the gauge reports nothing).
     active_revision: Arc<AtomicU64>,
     _active_revision_gauge: ObservableGauge<u64>,
@@ -83,6 +86,30 @@ impl CallResult {
             CallResult::Ok => "ok",
             CallResult::Error => "error",
             CallResult::Timeout => "timeout",
+        }
+    }
+}
+
+/// Why the server closed a connection of the decision port (docs/decisions/0013).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// `--max-connections` were open: closed as soon as accepted.
+    MaxConnections,
+    /// TLS and the HTTP/2 preface were not done within `--handshake-timeout`.
+    HandshakeTimeout,
+    /// The peer closed, failed TLS, or did not speak HTTP/2 before its handshake was done.
+    HandshakeError,
+    /// No stream was open for `--idle-timeout`.
+    IdleTimeout,
+}
+
+impl CloseReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::MaxConnections => "max_connections",
+            CloseReason::HandshakeTimeout => "handshake_timeout",
+            CloseReason::HandshakeError => "handshake_error",
+            CloseReason::IdleTimeout => "idle_timeout",
         }
     }
 }
@@ -130,6 +157,11 @@ impl Metrics {
                 .u64_counter(POLICY_SWAPS)
                 .with_description("Policy versions installed on this replica, the first one included")
                 .with_unit("{swap}")
+                .build(),
+            connections_closed: meter
+                .u64_counter(CONNECTIONS_CLOSED)
+                .with_description("Decision-port connections the server closed, by reason")
+                .with_unit("{connection}")
                 .build(),
             _active_revision_gauge: meter
                 .u64_observable_gauge(ACTIVE_REVISION)
@@ -189,6 +221,12 @@ impl Metrics {
             .record(u64::try_from(records).unwrap_or(u64::MAX), &attributes);
         self.audit_commit_duration
             .record(elapsed.as_secs_f64(), &attributes);
+    }
+
+    /// The server closed a connection of the decision port.
+    pub fn connection_closed(&self, reason: CloseReason) {
+        self.connections_closed
+            .add(1, &[KeyValue::new("reason", reason.as_str())]);
     }
 
     /// `revision` is now the version this replica decides on.

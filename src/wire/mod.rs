@@ -2,6 +2,7 @@
 //! between them and the core's types. The command line's client, the decision service and
 //! telemetry all speak through this room; it knows nothing of any of them.
 
+pub mod codec;
 pub mod convert;
 pub mod plain;
 pub mod proto;

@@ -36,7 +36,24 @@ impl Serve {
     /// As [`Serve::start`], with environment variables set for the process
     /// (`CAPGATE_LOG` among them, which is otherwise `info`).
     pub async fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Serve {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_capgate"))
+        Serve::launch(Command::new(env!("CARGO_BIN_EXE_capgate")), args, env).await
+    }
+
+    /// As [`Serve::start`], with the process's open-file limit (`ulimit -n`) set to `limit` by a
+    /// shell that then execs the binary, so that the pid is still the server's.
+    pub async fn start_with_open_file_limit(args: &[&str], limit: u32) -> Serve {
+        let mut shell = Command::new("sh");
+        shell.args([
+            "-c",
+            &format!("ulimit -n {limit} && exec \"$0\" \"$@\""),
+            env!("CARGO_BIN_EXE_capgate"),
+        ]);
+        Serve::launch(shell, args, &[]).await
+    }
+
+    /// Runs `command serve --listen 127.0.0.1:0 --log-format json ARGS`.
+    async fn launch(mut command: Command, args: &[&str], env: &[(&str, &str)]) -> Serve {
+        let mut child = command
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
             .args(args)
