@@ -7,7 +7,12 @@
 //!   store timeout, an uncapped call is still allowed, both are recorded in
 //!   the spool, and the records reach `audit_log` once the store is back;
 //! * without a spool, nothing is answered: `UNAVAILABLE`, never an allow
-//!   with no trace.
+//!   with no trace;
+//! * through the real binary, with every timeout at its default, a capped
+//!   call is answered within the store deadline and a small margin whether
+//!   the store refuses connections, is partitioned away, is frozen or is
+//!   slow (docs/decisions/0014): the figures are printed, and
+//!   docs/benchmarks.md ("The audit trail during a store outage") has them.
 //!
 //! Needs `DATABASE_URL` (skipped without it, unless
 //! `CAPGATE_REQUIRE_POSTGRES=1`).
@@ -26,14 +31,18 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use support::client::{capped, code, connect, publish, summary, uncapped, CATALOG, POLICY};
+use support::otlp::{http_get, metrics_addr, prometheus_value};
 use support::postgres::TestDatabase;
-use support::proxy::Proxy;
+use support::process::Serve;
+use support::proxy::{Mode, Proxy};
 
 /// The default `--store-timeout`, which this test keeps.
 const STORE_TIMEOUT: Duration = Duration::from_millis(50);
-/// How long an audit commit may hang before the batch goes to the spool
-/// (1 s by default; shorter here so that a call's whole answer — a counter
-/// that times out, then an audit commit that times out — fits the bound).
+/// How long an audit commit may hang before it is abandoned (1 s by
+/// default; shorter here so that, without a spool, a call's whole answer — a
+/// counter that times out, then an audit commit that times out — fits the
+/// bound). With a spool an answer does not wait for it: the record is spooled
+/// after the store timeout (see the binary tests at the end).
 const AUDIT_TIMEOUT: Duration = Duration::from_millis(250);
 /// Every answer during the outage comes within this, whatever the network
 /// does: the store timeout, the audit timeout, and slack for a busy machine.
@@ -232,4 +241,177 @@ async fn without_a_spool_an_unreachable_store_fails_closed() {
     assert_eq!(code(&recovered), ReasonCode::Granted);
     assert!(outage.stored_ids().await.contains(&recovered.decision_id));
     outage.stop().await;
+}
+
+// ── Answer latency during an outage, through the binary ──────────────────
+
+/// Capped calls made during each outage, by [`OUTAGE_CALLERS`] callers at once.
+const OUTAGE_CALLS: usize = 200;
+const OUTAGE_CALLERS: usize = 4;
+/// The bound on a capped call's answer during an outage: the store deadline
+/// (the counter call that times out), and a margin for the audit record to
+/// be spooled and fsynced on a busy machine.
+const OUTAGE_ANSWER_BOUND: Duration = Duration::from_millis(50 + 250);
+
+/// Answer latencies, sorted.
+struct Figures(Vec<Duration>);
+
+impl Figures {
+    /// The latency `fraction` of the answers came within (nearest rank).
+    fn quantile(&self, fraction: f64) -> Duration {
+        let rank = (fraction * self.0.len() as f64).ceil() as usize;
+        self.0[rank.clamp(1, self.0.len()) - 1]
+    }
+}
+
+impl std::fmt::Display for Figures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |duration: Duration| duration.as_secs_f64() * 1000.0;
+        write!(
+            f,
+            "n={} p50={:.1} ms p99={:.1} ms max={:.1} ms",
+            self.0.len(),
+            ms(self.quantile(0.5)),
+            ms(self.quantile(0.99)),
+            ms(self.quantile(1.0))
+        )
+    }
+}
+
+/// One gauge or counter of `GET /metrics` (`None` when it has no series).
+async fn scraped(serve: &Serve, name: &str) -> Option<f64> {
+    let (status, text) = http_get(metrics_addr(serve), "/metrics").await;
+    assert_eq!(status, 200, "{text}");
+    prometheus_value(&text, name, &[])
+}
+
+/// Starts `capgate serve` with its defaults (`--store-timeout 50ms`,
+/// `--audit-timeout 1s`) and a spool, its store behind a proxy; breaks the
+/// store as `mode` says; makes [`OUTAGE_CALLS`] capped calls; checks that
+/// each is denied `usage_unknown` within [`OUTAGE_ANSWER_BOUND`] (p99) and
+/// that the spool's backlog shows; mends the store and checks that every
+/// answer reaches `audit_log` and the backlog empties.
+async fn capped_calls_during(mode: Mode) {
+    let Some(database) = TestDatabase::create().await else {
+        return;
+    };
+    let proxy = Proxy::start(database.server_addr()).await;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (policy, catalog, spool) = (
+        dir.path().join("policy.yaml"),
+        dir.path().join("catalog.yaml"),
+        dir.path().join("spool"),
+    );
+    std::fs::write(&policy, POLICY).expect("write the policy");
+    std::fs::write(&catalog, CATALOG).expect("write the catalog");
+    let url = database.url_via(proxy.addr);
+    let path = |path: &Path| path.to_str().expect("a UTF-8 path").to_owned();
+    let serve = Serve::start(&[
+        "--database-url",
+        &url,
+        "--policy",
+        &path(&policy),
+        "--catalog",
+        &path(&catalog),
+        "--audit-spool",
+        &path(&spool),
+        "--poll-interval",
+        "200ms",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ])
+    .await;
+    let channel = serve.channel().await;
+    // Connections to the store are open and the writer has committed.
+    let mut client = DecisionServiceClient::new(channel.clone());
+    for _ in 0..3 {
+        client.decide(capped()).await.expect("a decision");
+    }
+
+    proxy.set(mode);
+    let mut callers = tokio::task::JoinSet::new();
+    for _ in 0..OUTAGE_CALLERS {
+        let mut client = DecisionServiceClient::new(channel.clone());
+        callers.spawn(async move {
+            let mut answers = Vec::new();
+            for _ in 0..OUTAGE_CALLS / OUTAGE_CALLERS {
+                let started = Instant::now();
+                let answer = client.decide(capped()).await;
+                answers.push((started.elapsed(), answer));
+            }
+            answers
+        });
+    }
+    let mut latencies = Vec::with_capacity(OUTAGE_CALLS);
+    let mut answered = BTreeSet::new();
+    while let Some(answers) = callers.join_next().await {
+        for (took, answer) in answers.expect("a caller's task") {
+            let answer = answer.expect("answered during the outage").into_inner();
+            let (outcome, reason, _, _) = summary(&answer);
+            assert_eq!((outcome, reason), (Outcome::Deny, ReasonCode::UsageUnknown));
+            latencies.push(took);
+            answered.insert(answer.decision_id);
+        }
+    }
+    latencies.sort();
+    let figures = Figures(latencies);
+    println!("capped Decide with the store {mode:?}: {figures}");
+    assert!(
+        figures.quantile(0.99) < OUTAGE_ANSWER_BOUND,
+        "with the store {mode:?}: {figures}, not within {OUTAGE_ANSWER_BOUND:?}"
+    );
+    // The answers are on record on this replica's disk, and the metrics say how much.
+    assert!(
+        scraped(&serve, "capgate_audit_spool_size_bytes")
+            .await
+            .unwrap_or(0.0)
+            > 0.0
+    );
+    assert!(
+        scraped(&serve, "capgate_audit_spool_oldest_age_seconds")
+            .await
+            .unwrap_or(0.0)
+            > 0.0
+    );
+
+    proxy.heal();
+    let direct = database.store().await;
+    eventually("the spooled answers reach audit_log", || async {
+        let stored: BTreeSet<String> = direct
+            .query_audit(&AuditFilter {
+                limit: 10_000,
+                ..AuditFilter::default()
+            })
+            .await
+            .expect("read the audit trail")
+            .into_iter()
+            .map(|record| record.decision_id)
+            .collect();
+        stored.is_superset(&answered)
+    })
+    .await;
+    eventually("the spool backlog is empty", || async {
+        scraped(&serve, "capgate_audit_spool_size_bytes").await == Some(0.0)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refusing_store_is_answered_within_the_store_deadline() {
+    capped_calls_during(Mode::Refuse).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partitioned_store_is_answered_within_the_store_deadline() {
+    capped_calls_during(Mode::Blackhole).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_store_is_answered_within_the_store_deadline() {
+    capped_calls_during(Mode::Freeze).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_store_is_answered_within_the_store_deadline() {
+    capped_calls_during(Mode::Delay(Duration::from_millis(200))).await;
 }

@@ -4,6 +4,13 @@
 //! field (and the message names the first). The transport caps the encoded
 //! message at [`MAX_MESSAGE_BYTES`], so nothing unbounded is ever decoded.
 //!
+//! No string of `Decide` or `ListVisible`, nor a publish's `comment`, may hold
+//! U+0000: PostgreSQL cannot store it in text, and these strings reach audit
+//! records and remembered-response keys, which are committed in batches with
+//! other callers' records (docs/decisions/0014). An artifact or catalog with a
+//! NUL is refused by the compiler instead (`yaml_syntax`, or an unusable
+//! catalog), with its position, as `capgate validate` refuses it.
+//!
 //! | field | limit |
 //! |---|---|
 //! | `principal.issuer` | 512 bytes |
@@ -49,10 +56,28 @@ struct Check {
 }
 
 impl Check {
-    fn length(&mut self, field: impl FnOnce() -> String, value: &str, limit: usize) {
+    /// A string within `limit` bytes and without U+0000. The value itself is
+    /// never quoted: it may be a credential.
+    fn text(&mut self, field: impl FnOnce() -> String, value: &str, limit: usize) {
         if value.len() > limit {
             self.violations.push(FieldViolation::new(
                 field(),
+                format!("{} bytes, more than the limit of {limit}", value.len()),
+            ));
+        } else if let Some(at) = value.find('\0') {
+            self.violations.push(FieldViolation::new(
+                field(),
+                format!("a NUL character (U+0000) at byte {at}, which the store cannot hold"),
+            ));
+        }
+    }
+
+    /// A string within `limit` bytes that the compiler checks itself (an
+    /// artifact, a catalog).
+    fn length(&mut self, field: &str, value: &str, limit: usize) {
+        if value.len() > limit {
+            self.violations.push(FieldViolation::new(
+                field,
                 format!("{} bytes, more than the limit of {limit}", value.len()),
             ));
         }
@@ -80,8 +105,8 @@ impl Check {
             subject,
             attributes,
         } = principal;
-        self.length(|| "principal.issuer".into(), issuer, MAX_ISSUER);
-        self.length(|| "principal.subject".into(), subject, MAX_SUBJECT);
+        self.text(|| "principal.issuer".into(), issuer, MAX_ISSUER);
+        self.text(|| "principal.subject".into(), subject, MAX_SUBJECT);
         self.count(
             "principal.attributes",
             attributes.len(),
@@ -89,7 +114,7 @@ impl Check {
             "attributes",
         );
         for (index, attribute) in attributes.iter().take(MAX_ATTRIBUTES).enumerate() {
-            self.length(
+            self.text(
                 || format!("principal.attributes[{index}].name"),
                 &attribute.name,
                 MAX_ATTRIBUTE_NAME,
@@ -101,7 +126,7 @@ impl Check {
                 "values",
             );
             for (at, value) in attribute.values.iter().take(MAX_ATTRIBUTE_VALUES).enumerate() {
-                self.length(
+                self.text(
                     || format!("principal.attributes[{index}].values[{at}]"),
                     value,
                     MAX_ATTRIBUTE_VALUE,
@@ -114,14 +139,14 @@ impl Check {
     /// request but `credential_missing`, answered and audited.
     fn credential(&mut self, presented: &Credential) {
         let Credential { kind, issuer } = presented;
-        self.length(|| "credential.issuer".into(), issuer, MAX_ISSUER);
+        self.text(|| "credential.issuer".into(), issuer, MAX_ISSUER);
         let (field, value) = match kind {
             Some(credential::Kind::BearerToken(value)) => ("credential.bearer_token", value),
             Some(credential::Kind::ApiKey(value)) => ("credential.api_key", value),
             Some(credential::Kind::ClientCertificate(value)) => ("credential.client_certificate", value),
             None => return,
         };
-        self.length(|| field.into(), value, MAX_CREDENTIAL);
+        self.text(|| field.into(), value, MAX_CREDENTIAL);
     }
 
     fn finish(self) -> Result<(), Status> {
@@ -150,13 +175,13 @@ pub fn decide(request: &DecideRequest) -> Result<(), Status> {
         None => check.required("caller", false, "a `credential` or a `principal`"),
     }
     match target {
-        Some(decide_request::Target::Tool(tool)) => check.length(|| "tool".into(), tool, MAX_TARGET),
+        Some(decide_request::Target::Tool(tool)) => check.text(|| "tool".into(), tool, MAX_TARGET),
         Some(decide_request::Target::Capability(capability)) => {
-            check.length(|| "capability".into(), capability, MAX_TARGET);
+            check.text(|| "capability".into(), capability, MAX_TARGET);
         }
         None => check.required("target", false, "a `tool` or a `capability`"),
     }
-    check.length(|| "request_id".into(), request_id, MAX_REQUEST_ID);
+    check.text(|| "request_id".into(), request_id, MAX_REQUEST_ID);
     check.finish()
 }
 
@@ -168,7 +193,7 @@ pub fn list_visible(request: &ListVisibleRequest) -> Result<(), Status> {
         Some(list_visible_request::Caller::Credential(credential)) => check.credential(credential),
         None => check.required("caller", false, "a `credential` or a `principal`"),
     }
-    check.length(|| "request_id".into(), request_id, MAX_REQUEST_ID);
+    check.text(|| "request_id".into(), request_id, MAX_REQUEST_ID);
     check.finish()
 }
 
@@ -181,11 +206,11 @@ pub fn publish(request: &PublishPolicyRequest) -> Result<(), Status> {
         comment,
     } = request;
     let mut check = Check::default();
-    check.length(|| "artifact".into(), artifact, MAX_ARTIFACT);
+    check.length("artifact", artifact, MAX_ARTIFACT);
     if let Some(catalog) = catalog {
-        check.length(|| "catalog".into(), catalog, MAX_CATALOG);
+        check.length("catalog", catalog, MAX_CATALOG);
     }
-    check.length(|| "comment".into(), comment, MAX_COMMENT);
+    check.text(|| "comment".into(), comment, MAX_COMMENT);
     check.finish()
 }
 
@@ -234,6 +259,22 @@ mod tests {
                 "request_id"
             ]
         );
+    }
+
+    #[test]
+    fn a_nul_character_is_named_without_quoting_the_value() {
+        let request = DecideRequest {
+            caller: Some(decide_request::Caller::Credential(Credential {
+                kind: Some(credential::Kind::ApiKey("sec\0ret".into())),
+                issuer: String::new(),
+            })),
+            target: Some(decide_request::Target::Tool("t".into())),
+            request_id: String::new(),
+        };
+        let status = decide(&request).unwrap_err();
+        assert_eq!(fields(&status), ["credential.api_key"]);
+        assert!(status.message().contains("U+0000"), "{status:?}");
+        assert!(!format!("{status:?}").contains("sec"), "{status:?}");
     }
 
     #[test]

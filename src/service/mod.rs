@@ -220,6 +220,8 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
             batch: config.audit_batch,
             timeout: config.audit_timeout,
             spool: config.audit_spool.clone(),
+            // A decision waits for the audit store as long as for its counters.
+            spool_after: config.store_timeout,
             replay_interval: config.poll_interval,
         },
     )

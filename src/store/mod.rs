@@ -28,6 +28,8 @@
 //! * [`StoreError`] keeps the database's error as its source.
 //! * `Counted` is now [`CounterReading`] (it is a counter as read, and the
 //!   core's `Usage::Counted` is another thing).
+//! * Added: [`StoreError::is_data_error`], which tells a write the store
+//!   refused for its values from a store that failed.
 
 use std::future::Future;
 use std::time::Duration;
@@ -118,6 +120,26 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether the store refused the values it was given, as opposed to
+    /// failing or not being reached: a value it cannot hold (PostgreSQL
+    /// refuses U+0000 in text), a count past `BIGINT`, a violated constraint.
+    /// Retrying the same write fails the same way, and the same write without
+    /// the offending value succeeds, so the audit writer retries a batch that
+    /// fails this way in smaller parts to set the offending record aside
+    /// (docs/decisions/0014). Conservative: an error that may be the
+    /// connection's, the server's or a timeout's is not one.
+    pub fn is_data_error(&self) -> bool {
+        match self {
+            StoreError::OutOfRange { .. } => true,
+            StoreError::Database { source, .. } => {
+                matches!(source, sqlx::Error::Encode(_))
+                    || postgres::refuses_data(source)
+                    || sqlite::refuses_data(source)
+            }
+            _ => false,
+        }
+    }
+
     /// A database failure during `operation`, its message scrubbed.
     pub(crate) fn database(operation: &'static str, source: sqlx::Error) -> StoreError {
         StoreError::Database {

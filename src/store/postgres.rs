@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgDatabaseError, PgListener, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, Postgres};
 use tokio::sync::Mutex;
 
@@ -784,6 +784,23 @@ fn lacks_partition(error: &sqlx::Error) -> bool {
     error
         .as_database_error()
         .is_some_and(|error| error.code().as_deref() == Some("23514") && error.constraint().is_none())
+}
+
+/// Whether PostgreSQL refused the values it was sent, rather than failed or
+/// could not be reached: a data exception (class 22, such as 22021 for a
+/// U+0000 in text) or an integrity constraint violation (class 23), except a
+/// row that no partition takes (see [`lacks_partition`]), which is about the
+/// table, not the row. See [`StoreError::is_data_error`].
+pub(super) fn refuses_data(error: &sqlx::Error) -> bool {
+    let Some(error) = error
+        .as_database_error()
+        .and_then(|error| error.try_downcast_ref::<PgDatabaseError>())
+    else {
+        return false;
+    };
+    let code = error.code();
+    let no_partition = code == "23514" && error.constraint().is_none();
+    code.starts_with("22") || (code.starts_with("23") && !no_partition)
 }
 
 /// Whether a prune gave up waiting for a lock (`lock_timeout`) or was chosen

@@ -30,9 +30,10 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sqlx::error::DatabaseError;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    SqliteConnectOptions, SqliteError, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{Connection, Executor, Sqlite, SqliteConnection};
 use tokio::sync::{Mutex, MutexGuard};
@@ -153,6 +154,29 @@ fn has_mode_parameter(url: &str) -> bool {
             .split('&')
             .any(|pair| pair == "mode" || pair.starts_with("mode="))
     })
+}
+
+/// Whether SQLite refused the values it was sent, rather than failed: a
+/// constraint (`SQLITE_CONSTRAINT` and its extended codes, a trigger's
+/// `RAISE(ABORT, …)` among them), a value too big (`SQLITE_TOOBIG`) or of the
+/// wrong type (`SQLITE_MISMATCH`). SQLite holds U+0000 in text, so a NUL is
+/// not one of them. See [`StoreError::is_data_error`].
+pub(super) fn refuses_data(error: &sqlx::Error) -> bool {
+    const SQLITE_TOOBIG: i32 = 18;
+    const SQLITE_CONSTRAINT: i32 = 19;
+    const SQLITE_MISMATCH: i32 = 20;
+    let Some(error) = error
+        .as_database_error()
+        .and_then(|error| error.try_downcast_ref::<SqliteError>())
+    else {
+        return false;
+    };
+    // sqlx reports the extended result code; its low byte is the primary one.
+    let primary = error
+        .code()
+        .and_then(|code| code.parse::<i32>().ok())
+        .map(|code| code & 0xff);
+    matches!(primary, Some(SQLITE_TOOBIG | SQLITE_CONSTRAINT | SQLITE_MISMATCH))
 }
 
 /// The active revision, read inside a `BEGIN IMMEDIATE` transaction (which

@@ -9,7 +9,7 @@
 //! code, an operation, a result, an RPC name of the proto), so no caller can grow a metric's
 //! cardinality, and no value is a principal, a token, a secret reference or a tool argument.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -28,6 +28,12 @@ pub const COUNTER_STORE_ERRORS: &str = "capgate.counter_store.errors";
 pub const AUDIT_BATCH_SIZE: &str = "capgate.audit.batch.size";
 /// `capgate.audit.commit.duration`: one audit transaction against the store.
 pub const AUDIT_COMMIT_DURATION: &str = "capgate.audit.commit.duration";
+/// `capgate.audit.rejected`: audit entries the store refused for their values, set aside.
+pub const AUDIT_REJECTED: &str = "capgate.audit.rejected";
+/// `capgate.audit.spool.size`: bytes of spool files waiting for replay.
+pub const AUDIT_SPOOL_SIZE: &str = "capgate.audit.spool.size";
+/// `capgate.audit.spool.oldest_age`: how long the oldest entry waiting for replay has waited.
+pub const AUDIT_SPOOL_OLDEST_AGE: &str = "capgate.audit.spool.oldest_age";
 /// `capgate.policy.active_revision`: the revision this replica decides on.
 pub const ACTIVE_REVISION: &str = "capgate.policy.active_revision";
 /// `capgate.policy.swaps`: installations of a policy version on this replica.
@@ -58,6 +64,21 @@ pub struct Metrics {
     /// 0 while no version is active (then the gauge reports nothing).
     active_revision: Arc<AtomicU64>,
     _active_revision_gauge: ObservableGauge<u64>,
+    audit_rejected: Counter<u64>,
+    /// What the spool holds, while there is one.
+    spool: Arc<SpoolBacklog>,
+    _spool_size_gauge: ObservableGauge<u64>,
+    _spool_oldest_age_gauge: ObservableGauge<f64>,
+}
+
+/// The spool's backlog as the gauges read it: nothing is reported until a
+/// spool reports, so a replica without one has no such series.
+#[derive(Default)]
+struct SpoolBacklog {
+    present: AtomicBool,
+    bytes: AtomicU64,
+    /// Milliseconds since the Unix epoch; 0 when nothing waits.
+    oldest_at_ms: AtomicI64,
 }
 
 static METRICS: OnceLock<Metrics> = OnceLock::new();
@@ -78,6 +99,24 @@ pub enum CallResult {
     Ok,
     Error,
     Timeout,
+}
+
+/// Where the audit writer met an entry the store refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditPath {
+    /// A request's entries, on their way to the store: the request fails.
+    Write,
+    /// A spooled entry, replayed: it is moved to the spool's `rejected/`.
+    Replay,
+}
+
+impl AuditPath {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuditPath::Write => "write",
+            AuditPath::Replay => "replay",
+        }
+    }
 }
 
 impl CallResult {
@@ -118,6 +157,8 @@ impl Metrics {
     fn new(meter: &Meter) -> Metrics {
         let active_revision = Arc::new(AtomicU64::new(0));
         let observed = active_revision.clone();
+        let spool = Arc::new(SpoolBacklog::default());
+        let (sized, aged) = (spool.clone(), spool.clone());
         Metrics {
             decisions: meter
                 .u64_counter(DECISIONS)
@@ -175,6 +216,42 @@ impl Metrics {
                 })
                 .build(),
             active_revision,
+            audit_rejected: meter
+                .u64_counter(AUDIT_REJECTED)
+                .with_description(
+                    "Audit entries (records, responses to remember) the store refused for their values and \
+                     that were set aside, by where they were met",
+                )
+                .with_unit("{entry}")
+                .build(),
+            _spool_size_gauge: meter
+                .u64_observable_gauge(AUDIT_SPOOL_SIZE)
+                .with_description("Bytes of audit spool files waiting for replay into the store")
+                .with_unit("By")
+                .with_callback(move |observer| {
+                    if sized.present.load(Ordering::Relaxed) {
+                        observer.observe(sized.bytes.load(Ordering::Relaxed), &[]);
+                    }
+                })
+                .build(),
+            _spool_oldest_age_gauge: meter
+                .f64_observable_gauge(AUDIT_SPOOL_OLDEST_AGE)
+                .with_description(
+                    "How long the oldest audit entry waiting in the spool has waited (0 when none)",
+                )
+                .with_unit("s")
+                .with_callback(move |observer| {
+                    if aged.present.load(Ordering::Relaxed) {
+                        let oldest = aged.oldest_at_ms.load(Ordering::Relaxed);
+                        let waited_ms = match oldest {
+                            0 => 0,
+                            oldest => crate::clock::now().saturating_sub(oldest).max(0),
+                        };
+                        observer.observe(waited_ms as f64 / 1000.0, &[]);
+                    }
+                })
+                .build(),
+            spool,
         }
     }
 
@@ -227,6 +304,25 @@ impl Metrics {
     pub fn connection_closed(&self, reason: CloseReason) {
         self.connections_closed
             .add(1, &[KeyValue::new("reason", reason.as_str())]);
+    }
+
+    /// `entries` audit entries refused by the store and set aside, met on `path`.
+    pub fn audit_rejected(&self, path: AuditPath, entries: usize) {
+        self.audit_rejected.add(
+            u64::try_from(entries).unwrap_or(u64::MAX),
+            &[KeyValue::new("source", path.as_str())],
+        );
+    }
+
+    /// The spool now holds `bytes` waiting for replay, the oldest entry from
+    /// `oldest_at_ms` (milliseconds since the Unix epoch; `None` when empty).
+    pub fn audit_spool(&self, bytes: u64, oldest_at_ms: Option<i64>) {
+        self.spool.bytes.store(bytes, Ordering::Relaxed);
+        // 0 means "none": an entry from the epoch itself is reported as 1 ms after it.
+        self.spool
+            .oldest_at_ms
+            .store(oldest_at_ms.map_or(0, |at| at.max(1)), Ordering::Relaxed);
+        self.spool.present.store(true, Ordering::Relaxed);
     }
 
     /// `revision` is now the version this replica decides on.

@@ -32,7 +32,7 @@ use tokio::time::error::Elapsed;
 use tonic::codegen::http;
 use tonic::transport::{Certificate, ClientTlsConfig};
 
-pub use metrics::{metrics, CallResult};
+pub use metrics::{metrics, AuditPath, CallResult};
 pub use rpc::RpcLayer;
 
 use self::prometheus::MetricsServer;

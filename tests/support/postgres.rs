@@ -82,6 +82,20 @@ impl TestDatabase {
         }
     }
 
+    /// [`TestDatabase::url`] with its host and port replaced by `addr` (a
+    /// proxy in front of the server), for a `capgate serve` to reach it through.
+    pub fn url_via(&self, addr: SocketAddr) -> String {
+        let url = self.url();
+        let authority_start = url.find("://").map_or(0, |at| at + 3);
+        let authority_end = url[authority_start..]
+            .find(['/', '?'])
+            .map_or(url.len(), |end| authority_start + end);
+        let host_start = url[authority_start..authority_end]
+            .rfind('@')
+            .map_or(authority_start, |at| authority_start + at + 1);
+        format!("{}{addr}{}", &url[..host_start], &url[authority_end..])
+    }
+
     /// Where the PostgreSQL server listens (what a proxy forwards to).
     pub fn server_addr(&self) -> SocketAddr {
         (self.server.get_host(), self.server.get_port())

@@ -1,23 +1,49 @@
-//! A real TCP proxy on loopback that a test can cut: the way to make a real
-//! PostgreSQL unreachable for one service without stopping it for the rest of
-//! the suite. Traffic is forwarded byte for byte; `cut` drops every open
-//! connection and then either refuses or black-holes new ones.
+//! A real TCP proxy on loopback that a test can break in the ways a database
+//! breaks: the way to make a real PostgreSQL unreachable, frozen or slow for
+//! one service without touching it for the rest of the suite. Traffic is
+//! forwarded byte for byte until [`Proxy::set`] says otherwise (see [`Mode`]).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
+use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-const FORWARD: u8 = 0;
-const BLACKHOLE: u8 = 1;
+/// What the proxy does to traffic, open connections included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Byte for byte.
+    Forward,
+    /// A stopped server: open connections are dropped, and every new one is
+    /// reset as soon as it is accepted, so a connect fails at once.
+    Refuse,
+    /// A network partition: open connections are dropped; new ones are
+    /// accepted and left unanswered (the client waits for its own timeout),
+    /// then dropped at the next change of mode.
+    Blackhole,
+    /// A frozen server (as under `SIGSTOP`): every connection stays open and
+    /// nothing is forwarded, either way, until the mode changes; new ones
+    /// are accepted and held. Back to [`Mode::Forward`], everything held
+    /// flows again.
+    Freeze,
+    /// A slow network: every chunk read from either side is forwarded after
+    /// this delay.
+    Delay(Duration),
+}
+
+impl Mode {
+    /// Whether open connections are dropped in this mode.
+    fn drops(self) -> bool {
+        matches!(self, Mode::Refuse | Mode::Blackhole)
+    }
+}
 
 /// A forwarding proxy to `target`.
 pub struct Proxy {
     pub addr: SocketAddr,
-    mode: Arc<AtomicU8>,
-    generation: watch::Sender<u64>,
+    mode: watch::Sender<Mode>,
 }
 
 impl Proxy {
@@ -25,54 +51,101 @@ impl Proxy {
     pub async fn start(target: SocketAddr) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let addr = listener.local_addr().expect("proxy address");
-        let mode = Arc::new(AtomicU8::new(FORWARD));
-        let (generation, _) = watch::channel(0u64);
+        let (mode, _) = watch::channel(Mode::Forward);
         let accept_mode = mode.clone();
-        let accept_generation = generation.clone();
         tokio::spawn(async move {
             loop {
                 let Ok((inbound, _)) = listener.accept().await else {
                     return;
                 };
-                let mode = accept_mode.clone();
-                let mut cut = accept_generation.subscribe();
-                tokio::spawn(async move {
-                    if mode.load(Ordering::SeqCst) == BLACKHOLE {
-                        // Accept and say nothing: the client waits until its own timeout.
-                        let _ = cut.changed().await;
-                        drop(inbound);
-                        return;
-                    }
-                    let Ok(outbound) = TcpStream::connect(target).await else {
-                        return;
-                    };
-                    let (mut inbound_read, mut inbound_write) = inbound.into_split();
-                    let (mut outbound_read, mut outbound_write) = outbound.into_split();
-                    tokio::select! {
-                        _ = tokio::io::copy(&mut inbound_read, &mut outbound_write) => {}
-                        _ = tokio::io::copy(&mut outbound_read, &mut inbound_write) => {}
-                        _ = cut.changed() => {}
-                    }
-                });
+                tokio::spawn(connection(inbound, target, accept_mode.subscribe()));
             }
         });
-        Proxy {
-            addr,
-            mode,
-            generation,
+        Proxy { addr, mode }
+    }
+
+    /// Breaks (or mends) the traffic as `mode` says, from now on.
+    pub fn set(&self, mode: Mode) {
+        self.mode.send_replace(mode);
+    }
+
+    /// A network partition ([`Mode::Blackhole`]).
+    pub fn cut(&self) {
+        self.set(Mode::Blackhole);
+    }
+
+    /// Forwards again. Connections that were dropped stay closed; frozen ones
+    /// flow again.
+    pub fn heal(&self) {
+        self.set(Mode::Forward);
+    }
+}
+
+/// One accepted connection, handled as the mode says.
+async fn connection(inbound: TcpStream, target: SocketAddr, mut mode: watch::Receiver<Mode>) {
+    loop {
+        let current = *mode.borrow_and_update();
+        match current {
+            Mode::Forward | Mode::Delay(_) => break,
+            Mode::Refuse => {
+                // A reset rather than an orderly close, as a closed port answers.
+                let _ = inbound.set_zero_linger();
+                return;
+            }
+            Mode::Blackhole => {
+                let _ = mode.changed().await;
+                return;
+            }
+            Mode::Freeze => {
+                if mode.changed().await.is_err() {
+                    return;
+                }
+            }
         }
     }
-
-    /// Drops every open connection; new ones are accepted and then left
-    /// unanswered (a network partition, not a refusal).
-    pub fn cut(&self) {
-        self.mode.store(BLACKHOLE, Ordering::SeqCst);
-        self.generation.send_modify(|g| *g += 1);
+    let Ok(outbound) = TcpStream::connect(target).await else {
+        return;
+    };
+    let (inbound_read, inbound_write) = inbound.into_split();
+    let (outbound_read, outbound_write) = outbound.into_split();
+    // Either direction ending ends the connection.
+    tokio::select! {
+        _ = pump(inbound_read, outbound_write, mode.clone()) => {}
+        _ = pump(outbound_read, inbound_write, mode) => {}
     }
+}
 
-    /// Forwards again (open connections that were cut stay closed).
-    pub fn heal(&self) {
-        self.mode.store(FORWARD, Ordering::SeqCst);
-        self.generation.send_modify(|g| *g += 1);
+/// Copies chunks from `from` to `to`, holding or delaying each as the mode
+/// says when it is read, and stops when the mode drops connections.
+async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut mode: watch::Receiver<Mode>) {
+    let mut buffer = vec![0u8; 16 * 1024];
+    loop {
+        let read = tokio::select! {
+            read = from.read(&mut buffer) => read,
+            _ = mode.wait_for(|mode| mode.drops()) => return,
+        };
+        let length = match read {
+            Ok(0) | Err(_) => return,
+            Ok(length) => length,
+        };
+        loop {
+            let current = *mode.borrow_and_update();
+            match current {
+                Mode::Forward => break,
+                Mode::Delay(delay) => {
+                    tokio::time::sleep(delay).await;
+                    break;
+                }
+                Mode::Freeze => {
+                    if mode.changed().await.is_err() {
+                        return;
+                    }
+                }
+                Mode::Refuse | Mode::Blackhole => return,
+            }
+        }
+        if to.write_all(&buffer[..length]).await.is_err() {
+            return;
+        }
     }
 }

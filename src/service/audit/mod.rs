@@ -1,35 +1,54 @@
-//! The audit writer (service.md §5): no answer leaves before its record is
-//! durable, and records from concurrent requests are committed together.
-//! This file is the writer task and its commit loop; `spool.rs` is the local
-//! spool it falls back on.
+//! The audit writer (service.md, "The audit trail"): no answer leaves before
+//! its record is durable, and records from concurrent requests are committed
+//! together. This file is the writer task; `isolate.rs` appends a batch so
+//! that an entry the store refuses fails alone; `spool.rs` is the local spool
+//! the writer falls back on.
 //!
 //! Requests hand their records to one writer task and wait for its
 //! acknowledgement. The task takes whatever is queued (up to a batch size),
 //! commits it in one store transaction, then acknowledges every waiter —
-//! one commit for many requests under load, no waiting when idle.
+//! one commit for many requests under load, no waiting when idle. A batch the
+//! store refuses for its values is split until the request holding the bad
+//! value is found: that request alone fails (`UNAVAILABLE`), logged with its
+//! decision ids and counted; every other one is stored.
 //!
-//! When the store cannot take a batch (down, or slower than
-//! `--audit-timeout`) and `--audit-spool DIR` is set, the batch is appended
-//! to a local file instead, one JSON line per record, and fsynced before the
-//! waiters are acknowledged. The same task replays spooled files into the
-//! store once it answers again; the store skips decision ids it already has,
-//! so a replay interrupted half-way is simply repeated. Only when neither
-//! the store nor the spool takes a batch do its requests fail with
-//! `UNAVAILABLE` (docs/decisions/0006-audit-spool.md).
+//! With `--audit-spool DIR`, a request waits for the store at most
+//! [`AuditOptions::spool_after`] (the server's `--store-timeout`). A batch the
+//! store has not committed by then — the store down, frozen or slow — is
+//! appended to a local file, one JSON line per entry, fsynced, and its
+//! waiters are acknowledged; its transaction goes on in the background, up
+//! to `--audit-timeout`. From then until the store takes a transaction again
+//! the store is *failing*: batches go to the spool at once, and the store is
+//! tried again by replaying the spool, every replay interval, in the
+//! background. So during an outage an answer waits for the store's deadline
+//! once at most, never for `--audit-timeout` (docs/decisions/0014). Once the
+//! store answers, the spool is replayed chunk after chunk; the store skips
+//! decision ids it already has, so a replay interrupted half-way is simply
+//! repeated, and a record that was both committed late and spooled is stored
+//! once. A spooled entry the store refuses is set aside in the spool's
+//! `rejected/` and the replay goes on.
+//!
+//! Without a spool the store is the only durable target: a batch waits for
+//! its transaction, and when that fails or passes `--audit-timeout` its
+//! requests fail with `UNAVAILABLE` (docs/decisions/0006-audit-spool.md).
 
+mod isolate;
 mod spool;
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
+use tokio::task::{JoinError, JoinHandle};
+use tokio::time::Instant;
 
 use crate::store::{AuditRecord, Remembered, Store};
-use crate::telemetry::{metrics, CallResult};
+use crate::telemetry::{metrics, AuditPath};
 
-use spool::Spool;
+use isolate::{Appended, Batch, Fate};
+use spool::{Chunk, Spool};
 
 /// A response to remember for an idempotent retry: `(gateway, request_id, response)`.
 pub type RememberedEntry = (String, String, Remembered);
@@ -43,7 +62,8 @@ pub enum Durable {
     Spooled,
 }
 
-/// Neither the store nor the spool took the batch.
+/// Neither the store nor the spool took the records, or the store refused
+/// them for their values.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("the audit trail cannot be written")]
 pub struct AuditUnavailable;
@@ -53,18 +73,27 @@ pub struct AuditUnavailable;
 pub struct AuditOptions {
     /// At most this many records per store transaction.
     pub batch: usize,
-    /// How long a commit may take before the batch goes to the spool.
+    /// How long a transaction may take, its splitting included, before it is
+    /// abandoned (and its batch spooled, or failed without a spool).
     pub timeout: Duration,
     /// The spool directory, if any.
     pub spool: Option<PathBuf>,
+    /// With a spool: how long a request waits for the store before its
+    /// records are spooled instead.
+    pub spool_after: Duration,
     /// How often spooled files are retried while the store does not answer.
     pub replay_interval: Duration,
 }
 
+/// Where a request's acknowledgement goes.
+type Ack = oneshot::Sender<Result<Durable, AuditUnavailable>>;
+
 struct Job {
     records: Vec<AuditRecord>,
     remembered: Vec<RememberedEntry>,
-    ack: oneshot::Sender<Result<Durable, AuditUnavailable>>,
+    ack: Ack,
+    /// When the request handed it over: its wait for the store starts then.
+    arrived: Instant,
 }
 
 /// The handle requests write through. Cheap to clone; the writer task ends
@@ -86,7 +115,20 @@ impl AuditWriter {
             None => None,
         };
         let (jobs, queue) = mpsc::channel(4096);
-        let task = tokio::spawn(run(store, options, spool, queue));
+        let writer = Writer {
+            store,
+            options,
+            spool,
+            waiting: VecDeque::new(),
+            busy: None,
+            failing: false,
+            outage_logged: false,
+            replay_now: true,
+            replay_turn: false,
+            outages: Quiet::default(),
+            replay_failures: Quiet::default(),
+        };
+        let task = tokio::spawn(writer.run(queue));
         Ok((AuditWriter { jobs }, task))
     }
 
@@ -102,6 +144,7 @@ impl AuditWriter {
                 records,
                 remembered,
                 ack,
+                arrived: Instant::now(),
             })
             .await
             .map_err(|_| AuditUnavailable)?;
@@ -109,48 +152,7 @@ impl AuditWriter {
     }
 }
 
-async fn run<S: Store>(
-    store: S,
-    options: AuditOptions,
-    spool: Option<Arc<Mutex<Spool>>>,
-    mut queue: mpsc::Receiver<Job>,
-) {
-    let mut tick = tokio::time::interval(options.replay_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Replay chunk after chunk while the store keeps taking them.
-    let mut replay_hot = true;
-    loop {
-        let pending = spool.as_ref().is_some_and(|spool| lock(spool).pending());
-        tokio::select! {
-            biased;
-            job = queue.recv() => {
-                let Some(job) = job else { break };
-                let mut batch = vec![job];
-                let mut size = batch[0].records.len();
-                while size < options.batch {
-                    match queue.try_recv() {
-                        Ok(job) => {
-                            size += job.records.len();
-                            batch.push(job);
-                        }
-                        Err(_) => break,
-                    }
-                }
-                let stored = commit(&store, &options, spool.as_ref(), batch).await;
-                replay_hot = replay_hot || stored;
-            }
-            _ = async {
-                if !replay_hot {
-                    tick.tick().await;
-                }
-            }, if pending => {
-                let Some(spool) = &spool else { continue };
-                replay_hot = replay_chunk(&store, &options, spool).await;
-            }
-        }
-    }
-    tracing::debug!("audit writer stopped: every queued record is durable");
-}
+type SharedSpool = Arc<Mutex<Spool>>;
 
 fn lock(spool: &Mutex<Spool>) -> std::sync::MutexGuard<'_, Spool> {
     // A panic while holding the lock leaves the spool's bookkeeping as it
@@ -158,109 +160,519 @@ fn lock(spool: &Mutex<Spool>) -> std::sync::MutexGuard<'_, Spool> {
     spool.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Commits one batch and acknowledges its waiters. Returns whether the
-/// store took it.
-async fn commit<S: Store>(
-    store: &S,
-    options: &AuditOptions,
-    spool: Option<&Arc<Mutex<Spool>>>,
-    batch: Vec<Job>,
-) -> bool {
-    let mut records = Vec::new();
-    let mut remembered = Vec::new();
-    let mut acks = Vec::with_capacity(batch.len());
-    for job in batch {
-        records.extend(job.records);
-        remembered.extend(job.remembered);
-        acks.push(job.ack);
-    }
-    let started = std::time::Instant::now();
-    let committed = tokio::time::timeout(options.timeout, store.append_audit(&records, &remembered)).await;
-    let result = match &committed {
-        Ok(Ok(())) => CallResult::Ok,
-        Ok(Err(_)) => CallResult::Error,
-        Err(_) => CallResult::Timeout,
-    };
-    metrics().audit_commit(records.len(), result, started.elapsed());
-    let outcome = match committed {
-        Ok(Ok(())) => Ok(Durable::Stored),
-        failed => {
-            let problem = match failed {
-                Ok(Err(error)) => error.to_string(),
-                _ => format!("no answer within {} ms", options.timeout.as_millis()),
-            };
-            match spool {
-                Some(spool) => {
-                    let spool = spool.clone();
-                    let count = records.len();
-                    let written =
-                        tokio::task::spawn_blocking(move || lock(&spool).append(&records, &remembered)).await;
-                    match written {
-                        Ok(Ok(())) => {
-                            tracing::warn!(records = count, %problem, "audit store unavailable; batch spooled");
-                            Ok(Durable::Spooled)
-                        }
-                        Ok(Err(error)) => {
-                            tracing::error!(%problem, spool_error = %error, "audit store and spool both failed");
-                            Err(AuditUnavailable)
-                        }
-                        Err(_) => Err(AuditUnavailable),
-                    }
-                }
-                None => {
-                    tracing::error!(%problem, "audit store unavailable and no spool configured");
-                    Err(AuditUnavailable)
-                }
-            }
-        }
-    };
-    let stored = outcome == Ok(Durable::Stored);
-    for ack in acks {
-        // A waiter that went away (client cancelled) still had its record written.
-        let _ = ack.send(outcome.clone());
-    }
-    stored
+/// The writer task's state.
+struct Writer<S> {
+    store: S,
+    options: AuditOptions,
+    spool: Option<SharedSpool>,
+    /// Jobs handed over and not yet in a transaction.
+    waiting: VecDeque<Job>,
+    /// The one store operation under way. It runs in a task of its own, so
+    /// that jobs keep being taken (and spooled) while the store is slow.
+    busy: Option<Busy>,
+    /// The last store operation failed or did not answer in time, and none
+    /// has succeeded in time since.
+    failing: bool,
+    /// The start of this outage was logged, so its end is too.
+    outage_logged: bool,
+    /// Replay the next spooled chunk as soon as the store is free, rather
+    /// than at the next tick: the last store operation succeeded.
+    replay_now: bool,
+    /// The next store operation replays a chunk even if jobs wait, so that a
+    /// busy replica still drains its spool: replays and commits alternate.
+    replay_turn: bool,
+    outages: Quiet,
+    replay_failures: Quiet,
 }
 
-/// Replays the next chunk of spooled records. Returns whether the store
-/// took it and more may follow at once.
-async fn replay_chunk<S: Store>(store: &S, options: &AuditOptions, spool: &Arc<Mutex<Spool>>) -> bool {
-    let shared = spool.clone();
-    let batch = options.batch;
-    let chunk = match tokio::task::spawn_blocking(move || lock(&shared).next_chunk(batch)).await {
-        Ok(Ok(Some(chunk))) => chunk,
-        Ok(Ok(None)) => return false,
-        Ok(Err(error)) => {
-            tracing::error!(%error, "cannot read the audit spool");
-            return false;
-        }
-        Err(_) => return false,
-    };
-    match tokio::time::timeout(
-        options.timeout,
-        store.append_audit(&chunk.records, &chunk.remembered),
-    )
-    .await
-    {
-        Ok(Ok(())) => {
-            let shared = spool.clone();
-            let count = chunk.records.len();
-            match tokio::task::spawn_blocking(move || lock(&shared).chunk_done()).await {
-                Ok(Ok(finished)) => {
-                    tracing::info!(
-                        records = count,
-                        file_done = finished,
-                        "spooled audit records replayed"
-                    );
-                    true
-                }
-                Ok(Err(error)) => {
-                    tracing::error!(%error, "cannot remove a replayed spool file");
-                    false
-                }
-                Err(_) => false,
+enum Busy {
+    Commit(Commit),
+    Replay(JoinHandle<Replayed>),
+}
+
+/// A batch of jobs in a transaction.
+struct Commit {
+    task: JoinHandle<Appended>,
+    batch: Arc<Batch>,
+    /// One per unit (job) of `batch`; `None` once they were spooled and
+    /// acknowledged while the transaction went on.
+    acks: Option<Vec<Ack>>,
+    /// When the earliest of its jobs arrived.
+    since: Instant,
+}
+
+/// How a store operation ended.
+enum Finished {
+    Commit(Result<Appended, JoinError>),
+    Replay(Result<Replayed, JoinError>),
+}
+
+/// What one replay step did.
+enum Replayed {
+    /// Nothing waits for replay.
+    Empty,
+    /// A chunk is in the store, the entries it refused set aside.
+    Done,
+    /// The store failed or did not answer; the chunk is tried again later.
+    StoreFailed(String),
+    /// The spool could not be read or updated.
+    SpoolFailed(std::io::Error),
+}
+
+impl<S: Store> Writer<S> {
+    async fn run(mut self, mut queue: mpsc::Receiver<Job>) {
+        let mut tick = tokio::time::interval(self.options.replay_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut open = true;
+        loop {
+            self.start_work(open).await;
+            if !open && self.waiting.is_empty() && self.busy.is_none() {
+                break;
+            }
+            let spool_at = self.spool_at();
+            let replay_due = open && self.busy.is_none() && !self.replay_now && self.spool_pending();
+            tokio::select! {
+                biased;
+                finished = finish(&mut self.busy), if self.busy.is_some() => self.finished(finished).await,
+                // Before new jobs, so that a steady stream of them cannot hold it back.
+                () = sleep_until(spool_at), if spool_at.is_some() => self.spool_unacknowledged().await,
+                job = queue.recv(), if open => match job {
+                    Some(job) => {
+                        self.waiting.push_back(job);
+                        while let Ok(job) = queue.try_recv() {
+                            self.waiting.push_back(job);
+                        }
+                    }
+                    None => open = false,
+                },
+                _ = tick.tick(), if replay_due => self.start_replay(),
             }
         }
-        _ => false,
+        tracing::debug!("audit writer stopped: every queued record is durable");
+    }
+
+    /// Spools what waits while the store is failing, and starts a store
+    /// operation when none is under way: a commit of what waits, else the
+    /// next replay chunk when one is due at once.
+    async fn start_work(&mut self, open: bool) {
+        // While the spool's replay keeps trying the store, new jobs need not:
+        // they go to the spool. With nothing to replay, the next commit is
+        // the one that tries.
+        if self.failing && !self.waiting.is_empty() && self.spool_pending() {
+            let jobs: Vec<Job> = self.waiting.drain(..).collect();
+            let (mut records, mut remembered, mut acks) = (Vec::new(), Vec::new(), Vec::new());
+            for job in jobs {
+                records.extend(job.records);
+                remembered.extend(job.remembered);
+                acks.push(job.ack);
+            }
+            self.spool_and_acknowledge(records, remembered, acks).await;
+        }
+        if self.busy.is_some() {
+            return;
+        }
+        let replay =
+            open && self.replay_now && (self.waiting.is_empty() || self.replay_turn) && self.spool_pending();
+        if replay {
+            self.start_replay();
+        } else if !self.waiting.is_empty() {
+            self.start_commit();
+        }
+    }
+
+    /// Commits up to a batch of the waiting jobs, in a task of its own.
+    fn start_commit(&mut self) {
+        let mut batch = Batch::default();
+        let mut acks = Vec::new();
+        let mut since = None;
+        while acks.is_empty() || batch.records.len() < self.options.batch {
+            let Some(job) = self.waiting.pop_front() else {
+                break;
+            };
+            since.get_or_insert(job.arrived);
+            batch.push(job.records, job.remembered);
+            acks.push(job.ack);
+        }
+        let batch = Arc::new(batch);
+        let (store, shared, timeout) = (self.store.clone(), batch.clone(), self.options.timeout);
+        self.busy = Some(Busy::Commit(Commit {
+            task: tokio::spawn(async move { isolate::append(&store, &shared, timeout).await }),
+            batch,
+            acks: Some(acks),
+            since: since.unwrap_or_else(Instant::now),
+        }));
+    }
+
+    fn start_replay(&mut self) {
+        let Some(spool) = self.spool.clone() else {
+            return;
+        };
+        self.replay_turn = false;
+        let store = self.store.clone();
+        let (size, timeout) = (self.options.batch, self.options.timeout);
+        self.busy = Some(Busy::Replay(tokio::spawn(replay_chunk(
+            store, spool, size, timeout,
+        ))));
+    }
+
+    /// Whether the spool holds anything to replay. Never waits for the lock:
+    /// the replay under way holds it while it reads a file, and that replay
+    /// is itself replaying something.
+    fn spool_pending(&self) -> bool {
+        let Some(spool) = &self.spool else {
+            return false;
+        };
+        match spool.try_lock() {
+            Ok(spool) => spool.pending(),
+            Err(std::sync::TryLockError::WouldBlock) => true,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner().pending(),
+        }
+    }
+
+    /// With a spool: when the earliest job not yet acknowledged (in the
+    /// transaction under way or waiting for one) has waited `spool_after`.
+    fn spool_at(&self) -> Option<Instant> {
+        self.spool.as_ref()?;
+        let committing = match &self.busy {
+            Some(Busy::Commit(commit)) if commit.acks.is_some() => Some(commit.since),
+            _ => None,
+        };
+        let waiting = self.waiting.front().map(|job| job.arrived);
+        let earliest = committing.into_iter().chain(waiting).min()?;
+        Some(earliest + self.options.spool_after)
+    }
+
+    /// The store did not commit in time: everything not yet acknowledged is
+    /// spooled, and the store is failing. The transaction under way goes on.
+    async fn spool_unacknowledged(&mut self) {
+        let (mut records, mut remembered, mut acks) = (Vec::new(), Vec::new(), Vec::new());
+        if let Some(Busy::Commit(commit)) = &mut self.busy {
+            if let Some(committing) = commit.acks.take() {
+                records.extend_from_slice(&commit.batch.records);
+                remembered.extend_from_slice(&commit.batch.remembered);
+                acks.extend(committing);
+            }
+        }
+        for job in self.waiting.drain(..) {
+            records.extend(job.records);
+            remembered.extend(job.remembered);
+            acks.push(job.ack);
+        }
+        let problem = format!("no commit within {} ms", self.options.spool_after.as_millis());
+        self.store_fails(&problem);
+        self.spool_and_acknowledge(records, remembered, acks).await;
+    }
+
+    /// The store operation under way ended: what it was is in `busy`.
+    async fn finished(&mut self, finished: Finished) {
+        match (self.busy.take(), finished) {
+            (Some(Busy::Commit(commit)), Finished::Commit(appended)) => {
+                let appended = appended.unwrap_or_else(|error| Appended {
+                    fates: vec![Fate::Unstored; commit.batch.units()],
+                    failure: Some(format!("the audit commit task failed: {error}")),
+                });
+                self.committed(commit, appended).await;
+            }
+            (_, Finished::Replay(replayed)) => self.replayed(replayed),
+            // `finish` reports the operation in `busy`: no other commit can end.
+            (None | Some(Busy::Replay(_)), Finished::Commit(_)) => {}
+        }
+    }
+
+    /// A transaction ended: its waiters (unless spooled already) learn what
+    /// became of their records.
+    async fn committed(&mut self, commit: Commit, appended: Appended) {
+        let Appended { fates, failure } = appended;
+        // Spooled and acknowledged already: an entry the store refused is set
+        // aside when the spool is replayed. A late success does not end the
+        // outage: the store answered, but slower than a request may wait, and
+        // the next replay tells whether it is back.
+        let Some(acks) = commit.acks else {
+            if let Some(problem) = &failure {
+                self.store_fails(problem);
+            }
+            return;
+        };
+        match &failure {
+            None => {
+                self.store_answers();
+                self.replay_turn = true;
+            }
+            Some(problem) => self.store_fails(problem),
+        }
+        let (mut records, mut remembered, mut unstored) = (Vec::new(), Vec::new(), Vec::new());
+        for (unit, (fate, ack)) in fates.into_iter().zip(acks).enumerate() {
+            let (unit_records, unit_remembered) = commit.batch.entries(unit..unit + 1);
+            match fate {
+                Fate::Stored => {
+                    // A waiter that went away (client cancelled) still had its record written.
+                    let _ = ack.send(Ok(Durable::Stored));
+                }
+                Fate::Refused(error) => {
+                    for (entry, decision_id) in decision_ids(unit_records, unit_remembered) {
+                        tracing::error!(
+                            decision_id,
+                            entry,
+                            %error,
+                            "audit record refused by the store; its call fails"
+                        );
+                    }
+                    metrics().audit_rejected(AuditPath::Write, unit_records.len() + unit_remembered.len());
+                    let _ = ack.send(Err(AuditUnavailable));
+                }
+                Fate::Unstored => {
+                    records.extend_from_slice(unit_records);
+                    remembered.extend_from_slice(unit_remembered);
+                    unstored.push(ack);
+                }
+            }
+        }
+        if unstored.is_empty() {
+            return;
+        }
+        if self.spool.is_some() {
+            self.spool_and_acknowledge(records, remembered, unstored).await;
+        } else {
+            let problem = failure.unwrap_or_default();
+            tracing::error!(%problem, "audit store unavailable and no spool configured");
+            for ack in unstored {
+                let _ = ack.send(Err(AuditUnavailable));
+            }
+        }
+    }
+
+    fn replayed(&mut self, replayed: Result<Replayed, JoinError>) {
+        match replayed {
+            Ok(Replayed::Done) => {
+                self.store_answers();
+                self.replay_failures = Quiet::default();
+            }
+            Ok(Replayed::Empty) => self.replay_now = false,
+            Ok(Replayed::StoreFailed(problem)) => {
+                self.store_fails(&problem);
+                if let Some(unlogged) = self.replay_failures.allow() {
+                    tracing::warn!(
+                        %problem,
+                        failures_not_logged = unlogged,
+                        "cannot replay the audit spool into the store; retrying every poll interval"
+                    );
+                }
+            }
+            Ok(Replayed::SpoolFailed(error)) => {
+                self.replay_now = false;
+                if let Some(unlogged) = self.replay_failures.allow() {
+                    tracing::error!(%error, failures_not_logged = unlogged, "cannot read or update the audit spool");
+                }
+            }
+            Err(error) => {
+                self.replay_now = false;
+                tracing::error!(%error, "the audit spool replay task failed");
+            }
+        }
+    }
+
+    /// A store operation succeeded in time.
+    fn store_answers(&mut self) {
+        if std::mem::take(&mut self.outage_logged) {
+            tracing::info!("audit store answers again; replaying the spool");
+        }
+        self.failing = false;
+        self.replay_now = true;
+    }
+
+    /// A store operation failed or did not answer in time. With a spool, the
+    /// start of an outage is logged (at most once a minute: a store that is
+    /// merely slow may come and go).
+    fn store_fails(&mut self, problem: &str) {
+        if !self.failing && self.spool.is_some() {
+            if let Some(unlogged) = self.outages.allow() {
+                tracing::warn!(
+                    %problem,
+                    outages_not_logged = unlogged,
+                    "audit store unavailable; spooling audit records until it answers"
+                );
+                self.outage_logged = true;
+            }
+        }
+        self.failing = true;
+        self.replay_now = false;
+    }
+
+    /// Appends entries to the spool and fsyncs them, then acknowledges their
+    /// waiters: spooled, or unavailable when the spool fails too.
+    async fn spool_and_acknowledge(
+        &self,
+        records: Vec<AuditRecord>,
+        remembered: Vec<RememberedEntry>,
+        acks: Vec<Ack>,
+    ) {
+        let outcome = match &self.spool {
+            Some(spool) => {
+                let spool = spool.clone();
+                let count = records.len();
+                let written =
+                    tokio::task::spawn_blocking(move || lock(&spool).append(&records, &remembered)).await;
+                match written {
+                    Ok(Ok(())) => {
+                        tracing::debug!(records = count, "audit batch spooled");
+                        Ok(Durable::Spooled)
+                    }
+                    Ok(Err(error)) => {
+                        tracing::error!(spool_error = %error, "audit store and spool both failed");
+                        Err(AuditUnavailable)
+                    }
+                    Err(error) => {
+                        tracing::error!(spool_error = %error, "audit store and spool both failed");
+                        Err(AuditUnavailable)
+                    }
+                }
+            }
+            None => Err(AuditUnavailable),
+        };
+        for ack in acks {
+            let _ = ack.send(outcome.clone());
+        }
+    }
+}
+
+/// Waits for the store operation under way (never resolves without one).
+async fn finish(busy: &mut Option<Busy>) -> Finished {
+    match busy {
+        Some(Busy::Commit(commit)) => Finished::Commit((&mut commit.task).await),
+        Some(Busy::Replay(task)) => Finished::Replay(task.await),
+        None => std::future::pending().await,
+    }
+}
+
+/// Sleeps until `at` (forever without one).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Replays the next chunk of the spool. Entries the store refuses are set
+/// aside in `rejected/` (logged and counted) and the chunk counts as done.
+async fn replay_chunk<S: Store>(store: S, spool: SharedSpool, size: usize, timeout: Duration) -> Replayed {
+    let shared = spool.clone();
+    let chunk = match tokio::task::spawn_blocking(move || lock(&shared).next_chunk(size)).await {
+        Ok(Ok(Some(chunk))) => chunk,
+        Ok(Ok(None)) => return Replayed::Empty,
+        Ok(Err(error)) => return Replayed::SpoolFailed(error),
+        Err(error) => return Replayed::SpoolFailed(std::io::Error::other(error)),
+    };
+    let Chunk {
+        file,
+        records,
+        remembered,
+    } = chunk;
+    // Each entry is a unit of its own: a spool line knows no request.
+    let mut batch = Batch::default();
+    for record in records {
+        batch.push(vec![record], Vec::new());
+    }
+    for entry in remembered {
+        batch.push(Vec::new(), vec![entry]);
+    }
+    let Appended { fates, failure } = isolate::append(&store, &batch, timeout).await;
+    if let Some(problem) = failure {
+        return Replayed::StoreFailed(problem);
+    }
+    let mut rejected = Batch::default();
+    let mut reasons = Vec::new();
+    for (unit, fate) in fates.into_iter().enumerate() {
+        if let Fate::Refused(reason) = fate {
+            let (records, remembered) = batch.entries(unit..unit + 1);
+            rejected.push(records.to_vec(), remembered.to_vec());
+            reasons.push(reason);
+        }
+    }
+    let replayed = batch.records.len();
+    let done = tokio::task::spawn_blocking(move || {
+        let mut spool = lock(&spool);
+        let quarantined = match rejected.units() {
+            0 => None,
+            _ => Some(spool.quarantine(&file, &rejected.records, &rejected.remembered)?),
+        };
+        let finished = spool.chunk_done()?;
+        Ok::<_, std::io::Error>((rejected, quarantined, finished))
+    })
+    .await;
+    match done {
+        Ok(Ok((rejected, quarantine, finished))) => {
+            let quarantine = quarantine
+                .map(|path| path.display().to_string())
+                .unwrap_or_default();
+            for (unit, error) in reasons.iter().enumerate() {
+                let (records, remembered) = rejected.entries(unit..unit + 1);
+                for (entry, decision_id) in decision_ids(records, remembered) {
+                    tracing::error!(
+                        decision_id,
+                        entry,
+                        %error,
+                        %quarantine,
+                        "spooled audit entry refused by the store; quarantined"
+                    );
+                }
+            }
+            if rejected.units() > 0 {
+                metrics().audit_rejected(
+                    AuditPath::Replay,
+                    rejected.records.len() + rejected.remembered.len(),
+                );
+            }
+            tracing::info!(
+                records = replayed,
+                file_done = finished,
+                "spooled audit records replayed"
+            );
+            Replayed::Done
+        }
+        Ok(Err(error)) => Replayed::SpoolFailed(error),
+        Err(error) => Replayed::SpoolFailed(std::io::Error::other(error)),
+    }
+}
+
+/// The decision id of each entry, and which kind of entry it is, for the log
+/// line that sets it aside (an entry holds no credential to leak).
+fn decision_ids<'a>(
+    records: &'a [AuditRecord],
+    remembered: &'a [RememberedEntry],
+) -> impl Iterator<Item = (&'static str, &'a str)> + 'a {
+    let records = records
+        .iter()
+        .map(|record| ("record", record.decision_id.as_str()));
+    let remembered = remembered
+        .iter()
+        .map(|(_, _, answer)| ("remembered", answer.decision_id.as_str()));
+    records.chain(remembered)
+}
+
+/// Rate-limits a repeated log line: the first occurrence, then at most one
+/// per [`Quiet::EVERY`], saying how many went unlogged in between.
+#[derive(Debug, Default)]
+struct Quiet {
+    last: Option<Instant>,
+    unlogged: u64,
+}
+
+impl Quiet {
+    const EVERY: Duration = Duration::from_secs(60);
+
+    /// Whether to log this occurrence, and if so how many were not logged
+    /// since the last one that was.
+    fn allow(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        match self.last {
+            Some(last) if now.duration_since(last) < Quiet::EVERY => {
+                self.unlogged += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.unlogged))
+            }
+        }
     }
 }

@@ -13,6 +13,17 @@
 //! A file is replayed in chunks, and removed once the store has all of it.
 //! The store skips decision ids it already holds, so a chunk replayed twice
 //! (a crash between the store's commit and the removal) changes nothing.
+//!
+//! An entry the store refuses for its values (a U+0000 an older build let
+//! through) would fail its chunk on every attempt and hold back every file
+//! behind it. The writer sets it aside instead: [`Spool::quarantine`] appends
+//! it, in the same line format, to `rejected/<the file's name>`, fsynced, and
+//! the replay goes on (docs/decisions/0014). Nothing reads `rejected/` again;
+//! an operator who mends a line there can move the file back into the spool.
+//!
+//! The spool reports its backlog to the metrics after every change: the
+//! bytes of the files waiting for replay and the instant of the oldest entry
+//! among them (a file's name holds the instant it was started).
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -22,6 +33,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::store::{AuditRecord, Remembered};
+use crate::telemetry::metrics;
 
 use super::RememberedEntry;
 
@@ -37,6 +49,8 @@ pub(super) struct Spool {
     /// The file being replayed: its entries and how far the store has them.
     replaying: Option<Replay>,
     sequence: u64,
+    /// Bytes of every file above: the backlog the metrics report.
+    bytes: u64,
 }
 
 struct Replay {
@@ -48,14 +62,17 @@ struct Replay {
     taken: usize,
 }
 
-/// A chunk to replay.
+/// A chunk to replay, from the spool file `file`.
 pub(super) struct Chunk {
+    pub(super) file: PathBuf,
     pub(super) records: Vec<AuditRecord>,
     pub(super) remembered: Vec<RememberedEntry>,
 }
 
 const SPOOL_PREFIX: &str = "audit-";
 const SPOOL_SUFFIX: &str = ".jsonl";
+/// Where entries the store refused are set aside, under the spool directory.
+const REJECTED_DIR: &str = "rejected";
 
 impl Spool {
     /// Opens the directory (creating it) and queues the files a previous run
@@ -75,13 +92,31 @@ impl Spool {
         if !closed.is_empty() {
             tracing::warn!(files = closed.len(), dir = %dir.display(), "audit spool holds records to replay");
         }
-        Ok(Spool {
+        let mut bytes = 0;
+        for path in &closed {
+            bytes += std::fs::metadata(path)?.len();
+        }
+        let spool = Spool {
             dir: dir.to_owned(),
             current: None,
             closed: closed.into(),
             replaying: None,
             sequence: 0,
-        })
+            bytes,
+        };
+        spool.report();
+        Ok(spool)
+    }
+
+    /// Tells the metrics what waits for replay.
+    fn report(&self) {
+        let oldest = self
+            .replaying
+            .as_ref()
+            .and_then(Replay::oldest_pending)
+            .or_else(|| self.closed.front().and_then(|path| started_at(path)))
+            .or_else(|| self.current.as_ref().and_then(|(path, _)| started_at(path)));
+        metrics().audit_spool(self.bytes, oldest);
     }
 
     /// Whether anything waits for replay (the file being appended to counts).
@@ -95,17 +130,7 @@ impl Spool {
         records: &[AuditRecord],
         remembered: &[RememberedEntry],
     ) -> std::io::Result<()> {
-        let mut text = String::new();
-        for record in records {
-            text.push_str(&serde_json::to_string(&Written::Record(record))?);
-            text.push('\n');
-        }
-        for entry in remembered {
-            text.push_str(&serde_json::to_string(&Written::Remembered(
-                SpooledResponse::of(entry),
-            ))?);
-            text.push('\n');
-        }
+        let text = lines(records, remembered)?;
         if self.current.is_none() {
             self.sequence += 1;
             let name = format!(
@@ -123,7 +148,38 @@ impl Spool {
             return Ok(());
         };
         file.write_all(text.as_bytes())?;
-        file.sync_data()
+        file.sync_data()?;
+        self.bytes += text.len() as u64;
+        self.report();
+        Ok(())
+    }
+
+    /// Sets entries of the spool file `from` aside, in the spool's line
+    /// format, in `rejected/<its name>`, and fsyncs them (the directory too
+    /// when it or the file is new). Returns the path they went to.
+    pub(super) fn quarantine(
+        &self,
+        from: &Path,
+        records: &[AuditRecord],
+        remembered: &[RememberedEntry],
+    ) -> std::io::Result<PathBuf> {
+        let dir = self.dir.join(REJECTED_DIR);
+        if !dir.exists() {
+            std::fs::create_dir(&dir)?;
+            File::open(&self.dir)?.sync_all()?;
+        }
+        let name = from
+            .file_name()
+            .ok_or_else(|| std::io::Error::other(format!("`{}` is not a spool file", from.display())))?;
+        let path = dir.join(name);
+        let created = !path.exists();
+        let mut file = OpenOptions::new().create(true).append(true).open(&path)?;
+        file.write_all(lines(records, remembered)?.as_bytes())?;
+        file.sync_data()?;
+        if created {
+            File::open(&dir)?.sync_all()?;
+        }
+        Ok(path)
     }
 
     /// The next chunk of at most `size` records to replay, rotating the
@@ -146,6 +202,7 @@ impl Spool {
                 next: 0,
                 taken: 0,
             });
+            self.report();
         }
         let Some(replay) = &mut self.replaying else {
             return Ok(None);
@@ -160,7 +217,11 @@ impl Spool {
             Vec::new()
         };
         replay.taken = end - replay.next;
-        Ok(Some(Chunk { records, remembered }))
+        Ok(Some(Chunk {
+            file: replay.path.clone(),
+            records,
+            remembered,
+        }))
     }
 
     /// The chunk handed out is in the store. Returns whether that finished
@@ -172,14 +233,55 @@ impl Spool {
         replay.next += replay.taken;
         replay.taken = 0;
         if replay.next < replay.records.len() {
+            self.report();
             return Ok(false);
         }
         let path = replay.path.clone();
-        self.replaying = None;
+        let size = std::fs::metadata(&path)?.len();
         std::fs::remove_file(&path)?;
         File::open(&self.dir)?.sync_all()?;
+        self.replaying = None;
+        self.bytes = self.bytes.saturating_sub(size);
+        self.report();
         Ok(true)
     }
+}
+
+impl Replay {
+    /// The instant of the oldest entry the store does not have yet.
+    fn oldest_pending(&self) -> Option<i64> {
+        let records = self.records[self.next..].iter().map(|record| record.at_ms);
+        let remembered = self.remembered.iter().map(|(_, _, answer)| answer.at_ms);
+        records.chain(remembered).min()
+    }
+}
+
+/// When a spool file was started: the milliseconds in its name
+/// (`audit-<ms>-<n>.jsonl`).
+fn started_at(path: &Path) -> Option<i64> {
+    path.file_name()?
+        .to_str()?
+        .strip_prefix(SPOOL_PREFIX)?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Entries as spool lines, each ending in a newline.
+fn lines(records: &[AuditRecord], remembered: &[RememberedEntry]) -> std::io::Result<String> {
+    let mut text = String::new();
+    for record in records {
+        text.push_str(&serde_json::to_string(&Written::Record(record))?);
+        text.push('\n');
+    }
+    for entry in remembered {
+        text.push_str(&serde_json::to_string(&Written::Remembered(
+            SpooledResponse::of(entry),
+        ))?);
+        text.push('\n');
+    }
+    Ok(text)
 }
 
 /// Reads a spool file. A line that does not parse is skipped with a
@@ -441,6 +543,39 @@ mod tests {
         assert!(reopened.chunk_done().unwrap());
         assert!(!path.exists());
         assert!(!reopened.pending());
+    }
+
+    #[test]
+    fn refused_entries_are_set_aside_in_the_spool_format_and_not_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::open(dir.path()).unwrap();
+        spool.append(&[record("a"), record("b")], &[response()]).unwrap();
+        let (path, _) = spool.current.as_ref().unwrap();
+        assert_eq!(spool.bytes, std::fs::metadata(path).unwrap().len());
+        let chunk = spool.next_chunk(10).unwrap().unwrap();
+        let set_aside = spool
+            .quarantine(&chunk.file, &[record("b")], &[response()])
+            .unwrap();
+        assert_eq!(
+            set_aside,
+            dir.path().join("rejected").join(chunk.file.file_name().unwrap())
+        );
+        let (records, remembered) = read_spool_file(&set_aside).unwrap();
+        assert_eq!((records, remembered), (vec![record("b")], vec![response()]));
+        assert!(spool.chunk_done().unwrap());
+        assert_eq!(spool.bytes, 0);
+        // A new process finds nothing to replay: `rejected/` is not the spool.
+        assert!(!Spool::open(dir.path()).unwrap().pending());
+    }
+
+    #[test]
+    fn a_file_name_says_when_it_was_started() {
+        let named = |name: &str| started_at(&Path::new("/spool").join(name));
+        assert_eq!(
+            named("audit-00000001795910400000-000003.jsonl"),
+            Some(1_795_910_400_000)
+        );
+        assert_eq!(named("rejected.jsonl"), None);
     }
 
     #[test]
