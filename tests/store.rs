@@ -28,7 +28,7 @@ use std::time::Duration;
 use capgate::store::retention::{self, Period};
 use capgate::store::{
     connect, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Claim, Consumed, CounterKey,
-    CounterReading, NewPolicy, PostgresStore, PrunedPeriod, PublishOutcome, RecordCode, RecordKind,
+    CounterReading, Door, NewPolicy, PostgresStore, PrunedPeriod, PublishOutcome, RecordCode, RecordKind,
     RecordOutcome, Remembered, SqliteStore, Store, StoreError, StoreOptions, StoredPolicy,
 };
 use capgate_core::access::ReasonCode;
@@ -511,6 +511,8 @@ async fn audit_records_round_trip<S: Store>(store: S) {
         policy_revision: Some(i64::MAX as u64),
         visible_count: None,
         visible: Vec::new(),
+        // Not the default, so that the column is seen to round-trip.
+        door: Door::ExtAuthz,
     };
     // A listing's one record: how many capabilities it showed, and which (here all of them).
     let listing = AuditRecord {
@@ -1418,6 +1420,8 @@ mod postgres_only {
             policy_revision: Some(7),
             visible_count: None,
             visible: Vec::new(),
+            // Written before doors existed: the migration's default names capgate's own.
+            door: Door::Capgate,
         });
         for row in &rows {
             insert_at_0001(&pool, row).await;

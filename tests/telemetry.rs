@@ -287,8 +287,10 @@ async fn spans_and_metrics_describe_each_call() {
     let decides = answered.len();
     let decisions = eventually("every decision counted", ARRIVES_WITHIN, || {
         let (_, metric) = receiver.latest_metric("capgate.decisions")?;
-        (sum_value(&metric, &[("outcome", "allow"), ("code", "granted")])
-            == Some(i64::try_from(allows).unwrap()))
+        (sum_value(
+            &metric,
+            &[("door", "capgate"), ("outcome", "allow"), ("code", "granted")],
+        ) == Some(i64::try_from(allows).unwrap()))
         .then_some(metric)
     })
     .await;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use capgate::cli::remote::{Connection, Server};
 use capgate::cli::Failure;
-use capgate::store::{AuditRecord, RecordCode, RecordKind, RecordOutcome, Store};
+use capgate::store::{AuditRecord, Door, RecordCode, RecordKind, RecordOutcome, Store};
 use capgate::wire::proto::decision_service_client::DecisionServiceClient;
 use capgate::wire::proto::policy_service_client::PolicyServiceClient;
 use capgate::wire::proto::{
@@ -347,6 +347,7 @@ fn audit_row(sequence: usize) -> AuditRecord {
         policy_revision: Some(1),
         visible_count: None,
         visible: Vec::new(),
+        door: Door::Capgate,
     }
 }
 

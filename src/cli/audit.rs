@@ -11,7 +11,7 @@ pub mod prune;
 
 use std::fmt::Write as _;
 
-use crate::store::{AuditFilter, AuditRecord, RecordOutcome, Store};
+use crate::store::{AuditFilter, AuditRecord, Door, RecordOutcome, Store};
 
 use super::args::parse_instant;
 use super::remote::{runtime, Database};
@@ -128,6 +128,7 @@ fn human(records: &[AuditRecord]) -> String {
             policy_revision,
             visible_count,
             visible,
+            door,
         } = record;
         let who = principal_id.clone().unwrap_or_else(|| {
             format!(
@@ -170,6 +171,9 @@ fn human(records: &[AuditRecord]) -> String {
             let _ = write!(line, "  rev={revision}");
         }
         let _ = write!(line, "  gateway={gateway}");
+        if *door != Door::Capgate {
+            let _ = write!(line, "  door={}", door.as_str());
+        }
         if let Some(request) = request_id {
             let _ = write!(line, "  request={request}");
         }

@@ -266,6 +266,45 @@ impl RecordKind {
     }
 }
 
+/// Which protocol a request came through (the `door` column): capgate's own gRPC API, or one of
+/// the decision-point protocols gateways already speak. Every door is an adapter over one
+/// decision pipeline, so the record is the same whichever door it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Door {
+    /// `capgate.v1.DecisionService` (`Decide`, `ListVisible`).
+    #[default]
+    Capgate,
+    /// Envoy's `envoy.service.auth.v3.Authorization/Check`.
+    ExtAuthz,
+    /// agentgateway's ExtMCP callout.
+    ExtMcp,
+    /// OpenID AuthZEN 1.0 over HTTP.
+    Authzen,
+}
+
+impl Door {
+    pub const ALL: [Door; 4] = [Door::Capgate, Door::ExtAuthz, Door::ExtMcp, Door::Authzen];
+
+    /// The column's text, which is also the serde name and the metrics' `door` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Door::Capgate => "capgate",
+            Door::ExtAuthz => "ext_authz",
+            Door::ExtMcp => "ext_mcp",
+            Door::Authzen => "authzen",
+        }
+    }
+
+    pub fn is_capgate(&self) -> bool {
+        *self == Door::Capgate
+    }
+
+    pub fn parse(text: &str) -> Option<Door> {
+        Door::ALL.into_iter().find(|door| door.as_str() == text)
+    }
+}
+
 /// How a request ended, as the audit trail records it (the `outcome` column).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -409,6 +448,11 @@ pub struct AuditRecord {
     /// spaces (a capability id has none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub visible: Vec<String>,
+    /// The protocol the request came through. Written out only when it is not capgate's own,
+    /// so that spool lines and `audit --json` stay as they were for `Decide` (and records spooled
+    /// before doors existed read as capgate's).
+    #[serde(default, skip_serializing_if = "Door::is_capgate")]
+    pub door: Door,
 }
 
 /// What `capgate audit` asks for. Every field that is set must match.
@@ -823,6 +867,11 @@ mod tests {
             assert_eq!(json, code.as_str());
             assert_eq!(serde_json::from_value::<RecordCode>(json).unwrap(), code);
         }
+        for door in Door::ALL {
+            assert_eq!(serde_json::to_value(door).unwrap(), door.as_str());
+            assert_eq!(Door::parse(door.as_str()), Some(door));
+        }
+        assert_eq!(Door::parse("envoy"), None);
         assert_eq!(RecordKind::parse("Decide"), None);
         assert_eq!(RecordOutcome::parse("perhaps"), None);
         assert_eq!(RecordCode::parse("no_grant"), None);

@@ -554,11 +554,11 @@ impl PostgresStore {
             sqlx::query(
                 "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
                      principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
-                     usage_calls, policy_version, policy_revision, visible_count, visible) \
+                     usage_calls, policy_version, policy_revision, visible_count, visible, door) \
                  SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], \
                      $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], \
                      $12::text[], $13::text[], $14::text[], $15::bigint[], $16::text[], $17::bigint[], \
-                     $18::text[], $19::bigint[], $20::bigint[], $21::text[]) \
+                     $18::text[], $19::bigint[], $20::bigint[], $21::text[], $22::text[]) \
                  ON CONFLICT DO NOTHING",
             )
             .bind(columns.decision_id)
@@ -582,6 +582,7 @@ impl PostgresStore {
             .bind(columns.policy_revision)
             .bind(columns.visible_count)
             .bind(columns.visible)
+            .bind(columns.door)
             .execute(&mut *tx)
             .await?;
         }
@@ -835,6 +836,7 @@ struct AuditArrays {
     policy_revision: Vec<Option<i64>>,
     visible_count: Vec<Option<i64>>,
     visible: Vec<Option<String>>,
+    door: Vec<&'static str>,
 }
 
 impl AuditArrays {
@@ -862,6 +864,7 @@ impl AuditArrays {
             policy_revision: Vec::with_capacity(n),
             visible_count: Vec::with_capacity(n),
             visible: Vec::with_capacity(n),
+            door: Vec::with_capacity(n),
         };
         for record in records {
             let integers = AuditIntegers::of(record)?;
@@ -889,6 +892,7 @@ impl AuditArrays {
                 policy_revision: _,
                 visible_count: _,
                 visible,
+                door,
             } = record;
             columns.decision_id.push(decision_id.clone());
             columns.at.push(*at_ms);
@@ -911,6 +915,7 @@ impl AuditArrays {
             columns.policy_revision.push(integers.policy_revision);
             columns.visible_count.push(integers.visible_count);
             columns.visible.push(sql::join_visible(visible));
+            columns.door.push(door.as_str());
         }
         Ok(columns)
     }

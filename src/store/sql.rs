@@ -12,7 +12,7 @@
 use sqlx::{Database, Encode, QueryBuilder, Type};
 
 use super::{
-    AuditFilter, AuditRecord, CounterReading, ExpectedRevision, NewPolicy, RecordCode, RecordKind,
+    AuditFilter, AuditRecord, CounterReading, Door, ExpectedRevision, NewPolicy, RecordCode, RecordKind,
     RecordOutcome, Remembered, StoreError, StoreResult, StoredPolicy,
 };
 
@@ -178,6 +178,7 @@ pub(super) struct AuditRow {
     policy_revision: Option<i64>,
     visible_count: Option<i64>,
     visible: Option<String>,
+    door: String,
 }
 
 impl AuditRow {
@@ -204,6 +205,7 @@ impl AuditRow {
             policy_revision,
             visible_count,
             visible,
+            door,
         } = self;
         Ok(AuditRecord {
             decision_id,
@@ -229,6 +231,7 @@ impl AuditRow {
             policy_revision: to_unsigned_opt(policy_revision, "policy_revision")?,
             visible_count: to_unsigned_opt(visible_count, "visible_count")?,
             visible: visible.as_deref().map(split_visible).unwrap_or_default(),
+            door: to_typed(door, "door", Door::parse)?,
         })
     }
 }
@@ -245,7 +248,7 @@ fn split_visible(text: &str) -> Vec<String> {
 /// The columns of `audit_log`, in the order of [`AuditRow`].
 const AUDIT_COLUMNS: &str = "decision_id, at, request_id, gateway, kind, outcome, code, path, \
      principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, usage_calls, \
-     policy_version, policy_revision, visible_count, visible";
+     policy_version, policy_revision, visible_count, visible, door";
 
 /// An audit record's integer columns as `BIGINT`s, checked before anything
 /// is written.
@@ -423,6 +426,7 @@ mod tests {
             policy_revision: None,
             visible_count: None,
             visible: None,
+            door: "capgate".to_owned(),
         }
     }
 

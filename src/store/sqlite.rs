@@ -418,13 +418,14 @@ impl Store for SqliteStore {
                 policy_revision: _,
                 visible_count: _,
                 visible,
+                door,
             } = record;
             sqlx::query(
                 "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
                      principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
-                     usage_calls, policy_version, policy_revision, visible_count, visible) \
+                     usage_calls, policy_version, policy_revision, visible_count, visible, door) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-                     $18, $19, $20, $21) \
+                     $18, $19, $20, $21, $22) \
                  ON CONFLICT DO NOTHING",
             )
             .bind(decision_id)
@@ -448,6 +449,7 @@ impl Store for SqliteStore {
             .bind(integers.policy_revision)
             .bind(integers.visible_count)
             .bind(sql::join_visible(visible))
+            .bind(door.as_str())
             .execute(&mut *tx)
             .await
             .during("append_audit")?;

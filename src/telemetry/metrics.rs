@@ -255,11 +255,12 @@ impl Metrics {
         }
     }
 
-    /// A `Decide` answered with `outcome` and `code`.
-    pub fn decision(&self, outcome: &'static str, code: &str) {
+    /// A decision answered with `outcome` and `code`, through `door` (`capgate` for `Decide`).
+    pub fn decision(&self, door: &'static str, outcome: &'static str, code: &str) {
         self.decisions.add(
             1,
             &[
+                KeyValue::new("door", door),
                 KeyValue::new("outcome", outcome),
                 KeyValue::new("code", code.to_owned()),
             ],

@@ -89,7 +89,8 @@ fn rpc_of(path: &str) -> Option<Rpc> {
 /// leaves (a call that then fails `UNAVAILABLE` is no decision).
 #[derive(Default)]
 struct Note {
-    decision: Mutex<Option<(&'static str, &'static str)>>,
+    /// The door, the outcome and the code of the decision the call answered.
+    decision: Mutex<Option<(&'static str, &'static str, &'static str)>>,
 }
 
 tokio::task_local! {
@@ -177,8 +178,8 @@ where
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .take();
             let outcome = match (&decision, status) {
-                (Some((outcome, code)), 0) => {
-                    metrics().decision(outcome, code);
+                (Some((door, outcome, code)), 0) => {
+                    metrics().decision(door, outcome, code);
                     Some(*outcome)
                 }
                 _ => None,
@@ -257,7 +258,7 @@ pub fn decided(record: &AuditRecord) {
         *note
             .decision
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((outcome, code));
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((record.door.as_str(), outcome, code));
     });
 }
 

@@ -435,6 +435,7 @@ mod tests {
             policy_revision: Some(1),
             visible_count: None,
             visible: Vec::new(),
+            door: crate::store::Door::Capgate,
         }
     }
 

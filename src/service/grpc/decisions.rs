@@ -14,7 +14,7 @@ use crate::service::bounds;
 use crate::service::identify::{Asked, AssertedCaller};
 use crate::service::pipeline::{self, Answer, Ask, Listing, Replied, Target, Verdict};
 use crate::service::State;
-use crate::store::Store;
+use crate::store::{Door, Store};
 use crate::wire::convert;
 use crate::wire::proto::{
     self, credential, decide_request, decide_response, decision_service_server::DecisionService,
@@ -61,6 +61,7 @@ impl<S: Store> DecisionService for Decisions<S> {
             gateway: &gateway,
             caller,
             request_id: (!request_id.is_empty()).then_some(request_id.as_str()),
+            door: Door::Capgate,
         };
         let encode = |answer: &Answer<'_>| response(answer).encode_to_vec();
         let replied = pipeline::decide(&self.state, &active, ask, target, &encode)
@@ -95,6 +96,7 @@ impl<S: Store> DecisionService for Decisions<S> {
             gateway: &gateway,
             caller,
             request_id: (!request_id.is_empty()).then_some(request_id.as_str()),
+            door: Door::Capgate,
         };
         let listing = pipeline::list(&self.state, &active, ask).await.map_err(refused)?;
         Ok(Response::new(listed(&listing)))

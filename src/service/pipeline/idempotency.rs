@@ -4,17 +4,27 @@
 //! first copy claims the id in the store and the others wait for its answer ([`claim`]). The
 //! original's encoded answer is stored with its audit record and read back from the store.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crate::service::State;
-use crate::store::{Claim, Remembered, Store};
+use crate::store::{Claim, Door, Remembered, Store};
 
 use super::Refusal;
 
 /// How long a remembered response answers a retry with the same `request_id`.
 pub const IDEMPOTENCY_RETENTION_MS: i64 = 24 * 60 * 60 * 1000;
+
+/// The key a request id is remembered under: as given through capgate's own door (as it always
+/// was), prefixed with the door's name through any other, whose answers are encoded differently.
+pub(super) fn key(door: Door, request_id: &str) -> Cow<'_, str> {
+    match door {
+        Door::Capgate => Cow::Borrowed(request_id),
+        other => Cow::Owned(format!("{}:{request_id}", other.as_str())),
+    }
+}
 
 /// How long a claim holds off other copies of its request before it counts as abandoned: far
 /// longer than any decision takes to be answered (a counter, an audit commit, an identity
@@ -128,5 +138,18 @@ impl Turns {
             }
         };
         lock.lock_owned().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_scoped_by_door() {
+        // capgate's own keys stay as stored before doors existed.
+        assert_eq!(key(Door::Capgate, "r-1"), "r-1");
+        assert_eq!(key(Door::ExtAuthz, "r-1"), "ext_authz:r-1");
+        assert_ne!(key(Door::Authzen, "r-1"), key(Door::ExtMcp, "r-1"));
     }
 }

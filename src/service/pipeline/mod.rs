@@ -24,7 +24,7 @@ use capgate_core::accounts::SecretRef;
 use capgate_core::capabilities::{ToolDescriptor, Transport};
 use capgate_core::principals::AuthProblem;
 
-use crate::store::{Remembered, Store};
+use crate::store::{Door, Remembered, Store};
 use crate::telemetry;
 
 use super::active::Active;
@@ -43,6 +43,9 @@ pub struct Ask<'a> {
     pub caller: Asked<'a>,
     /// The gateway's own id for this request: a retry with the same id gets the same answer.
     pub request_id: Option<&'a str>,
+    /// The protocol the request came through: recorded, and the scope of `request_id` (the
+    /// same id through two doors is two requests, each answered in its own encoding).
+    pub door: Door,
 }
 
 /// What the caller wants to do.
@@ -138,8 +141,9 @@ pub async fn decide<'a, S: Store>(
     };
     // One decision per (gateway, request_id) at a time on this replica, so that a retry racing
     // its original waits for it here rather than polling the store.
-    let _turn = state.idempotency.turn(&ask.gateway.name, request_id).await;
-    if let Turn::Replay(original) = idempotency::claim(state, &ask.gateway.name, request_id).await? {
+    let key = idempotency::key(ask.door, request_id);
+    let _turn = state.idempotency.turn(&ask.gateway.name, &key).await;
+    if let Turn::Replay(original) = idempotency::claim(state, &ask.gateway.name, &key).await? {
         return Ok(Replied::Replayed(original));
     }
     decide_once(state, active, &ask, target, remember)
@@ -237,7 +241,7 @@ async fn finish<'a, S: Store>(
         None => Vec::new(),
         Some(request_id) => vec![(
             ask.gateway.name.clone(),
-            request_id.to_owned(),
+            idempotency::key(ask.door, request_id).into_owned(),
             Remembered {
                 decision_id: answer.decision_id.clone(),
                 response: remember(&answer),

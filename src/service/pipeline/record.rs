@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use crate::service::active::Active;
 use crate::service::identify::Identified;
-use crate::store::{AuditRecord, RecordCode, RecordKind, RecordOutcome};
+use crate::store::{AuditRecord, Door, RecordCode, RecordKind, RecordOutcome};
 
 use super::{Ask, Metered, Target};
 
@@ -16,6 +16,7 @@ pub(super) struct Base {
     at_ms: i64,
     request_id: Option<String>,
     gateway: String,
+    door: Door,
     policy_version: String,
     policy_revision: u64,
 }
@@ -26,6 +27,7 @@ impl Base {
             at_ms,
             request_id: ask.request_id.map(str::to_owned),
             gateway: ask.gateway.name.clone(),
+            door: ask.door,
             policy_version: active.version.clone(),
             policy_revision: active.revision,
         }
@@ -54,6 +56,7 @@ impl Base {
             at_ms: self.at_ms,
             request_id: self.request_id.clone(),
             gateway: self.gateway.clone(),
+            door: self.door,
             kind,
             issuer: identified.issuer.clone(),
             subject: identified.subject.clone(),
