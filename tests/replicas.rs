@@ -44,6 +44,27 @@ async fn decide(channel: &Channel, request: DecideRequest) -> DecideResponse {
         .into_inner()
 }
 
+/// Three replicas started together with `args` (each migrates the same empty database at
+/// start-up) and the example with a ceiling of [`CEILING`], published through the first as
+/// revision 1 and followed by the others from the store.
+async fn three_replicas_with_a_ceiling(args: &[&str]) -> ([Serve; 3], Vec<Channel>) {
+    let (first, second, third) = tokio::join!(Serve::start(args), Serve::start(args), Serve::start(args));
+    let replicas = [first, second, third];
+    let mut channels = Vec::new();
+    for replica in &replicas {
+        channels.push(replica.channel().await);
+    }
+    let published = publish(&channels[0], &example_with_ceiling(CEILING), Some(CATALOG))
+        .await
+        .expect("publish");
+    assert!(published.accepted, "{:?}", published.diagnostics);
+    assert_eq!(published.revision, 1);
+    for channel in &channels {
+        wait_serving(channel, FOLLOW_WITHIN).await;
+    }
+    (replicas, channels)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replicas_share_one_ceiling_and_follow_each_others_publishes() {
     let Some(database) = TestDatabase::create().await else {
@@ -62,23 +83,7 @@ async fn replicas_share_one_ceiling_and_follow_each_others_publishes() {
         "--store-timeout",
         "5s",
     ];
-    // Started together: each migrates the same empty database at start-up.
-    let (first, second, third) = tokio::join!(Serve::start(&args), Serve::start(&args), Serve::start(&args));
-    let replicas = [first, second, third];
-    let mut channels = Vec::new();
-    for replica in &replicas {
-        channels.push(replica.channel().await);
-    }
-
-    // Published through the first replica; the others learn of it from the store.
-    let published = publish(&channels[0], &example_with_ceiling(CEILING), Some(CATALOG))
-        .await
-        .expect("publish");
-    assert!(published.accepted, "{:?}", published.diagnostics);
-    assert_eq!(published.revision, 1);
-    for channel in &channels {
-        wait_serving(channel, FOLLOW_WITHIN).await;
-    }
+    let (replicas, channels) = three_replicas_with_a_ceiling(&args).await;
 
     // ── Exactly L allows across the replicas ──────────────────────────────
     let tasks: Vec<_> = (0..CALLS)
@@ -203,19 +208,7 @@ async fn a_request_id_is_decided_once_across_replicas() {
     };
     let url = database.url();
     let args = ["--database-url", url.as_str(), "--store-timeout", "5s"];
-    let (first, second, third) = tokio::join!(Serve::start(&args), Serve::start(&args), Serve::start(&args));
-    let replicas = [first, second, third];
-    let mut channels = Vec::new();
-    for replica in &replicas {
-        channels.push(replica.channel().await);
-    }
-    let published = publish(&channels[0], &example_with_ceiling(CEILING), Some(CATALOG))
-        .await
-        .expect("publish");
-    assert!(published.accepted, "{:?}", published.diagnostics);
-    for channel in &channels {
-        wait_serving(channel, FOLLOW_WITHIN).await;
-    }
+    let (replicas, channels) = three_replicas_with_a_ceiling(&args).await;
 
     let tasks: Vec<_> = (0..IDS * COPIES)
         .map(|index| {
