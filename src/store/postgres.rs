@@ -440,23 +440,20 @@ impl Store for PostgresStore {
         stale_before_ms: i64,
     ) -> StoreResult<Claim> {
         // A claim need not survive a crash of the database: lost, a copy of the request decides
-        // again, as it did before claims existed. Committed without waiting for the WAL flush it
-        // costs a round trip instead of a disk sync per request (one fsync per call was 4x
-        // slower at 16 callers); it is visible to other sessions at once either way.
-        let mut tx = self.pool.begin().await.during("claim_request")?;
-        sqlx::query("SET LOCAL synchronous_commit = off")
-            .execute(&mut *tx)
-            .await
-            .during("claim_request")?;
-        let won = sqlx::query(sql::CLAIM_REQUEST)
-            .bind(gateway)
-            .bind(request_id)
-            .bind(now_ms)
-            .bind(stale_before_ms)
-            .fetch_optional(&mut *tx)
-            .await
-            .during("claim_request")?;
-        tx.commit().await.during("claim_request")?;
+        // again, as it did before claims existed. So its commit does not wait for the WAL to reach
+        // the disk — `set_config(…, true)` holds for the statement's own implicit transaction, in
+        // the same round trip — and a claim costs a round trip instead of a disk flush (one flush
+        // per call was 4x slower at 16 callers). It is visible to other sessions at once either way.
+        let won = sqlx::query(sql::claim_request!(
+            "FROM (SELECT set_config('synchronous_commit', 'off', true)) AS unflushed"
+        ))
+        .bind(gateway)
+        .bind(request_id)
+        .bind(now_ms)
+        .bind(stale_before_ms)
+        .fetch_optional(&self.pool)
+        .await
+        .during("claim_request")?;
         if won.is_some() {
             return Ok(Claim::Won);
         }

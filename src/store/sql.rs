@@ -125,18 +125,25 @@ impl CounterRow {
     }
 }
 
-/// Claims `($1 gateway, $2 request_id)` at `$3`, taking over a claim made before `$4`; returns a
-/// row when the claim is won. A request id that has an answer is never claimed: the answer
-/// stands. Both dialects run it as it is; in one statement, a second claimer waits for the
-/// first's row and then finds it fresh.
-pub(super) const CLAIM_REQUEST: &str = "\
-    INSERT INTO request_claims (gateway, request_id, claimed_at) \
-    SELECT $1, $2, $3 \
-    WHERE NOT EXISTS (SELECT 1 FROM remembered_responses WHERE gateway = $1 AND request_id = $2) \
-    ON CONFLICT (gateway, request_id) DO UPDATE SET claimed_at = excluded.claimed_at \
-    WHERE request_claims.claimed_at < $4 \
-    AND NOT EXISTS (SELECT 1 FROM remembered_responses WHERE gateway = $1 AND request_id = $2) \
-    RETURNING claimed_at";
+/// The statement that claims `($1 gateway, $2 request_id)` at `$3`, taking over a claim made
+/// before `$4`; it returns a row when the claim is won. A request id that has an answer is never
+/// claimed: the answer stands. In one statement, a second claimer waits for the first's row and
+/// then finds it fresh. `$source` is what the claim's row is selected from (a literal, maybe
+/// empty): a dialect may compute something on the way.
+macro_rules! claim_request {
+    ($source:literal) => {
+        concat!(
+            "INSERT INTO request_claims (gateway, request_id, claimed_at) SELECT $1, $2, $3 ",
+            $source,
+            " WHERE NOT EXISTS (SELECT 1 FROM remembered_responses WHERE gateway = $1 AND request_id = $2) \
+             ON CONFLICT (gateway, request_id) DO UPDATE SET claimed_at = excluded.claimed_at \
+             WHERE request_claims.claimed_at < $4 \
+             AND NOT EXISTS (SELECT 1 FROM remembered_responses WHERE gateway = $1 AND request_id = $2) \
+             RETURNING claimed_at"
+        )
+    };
+}
+pub(super) use claim_request;
 
 #[derive(sqlx::FromRow)]
 pub(super) struct RememberedRow {

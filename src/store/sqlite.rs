@@ -495,7 +495,7 @@ impl Store for SqliteStore {
     ) -> StoreResult<Claim> {
         let won = {
             let _turn = self.write_turn().await;
-            sqlx::query(sql::CLAIM_REQUEST)
+            sqlx::query(sql::claim_request!(""))
                 .bind(gateway)
                 .bind(request_id)
                 .bind(now_ms)
