@@ -18,6 +18,8 @@ fn generate() {
         "proto/capgate/v1/common.proto",
         "proto/capgate/v1/decisions.proto",
         "proto/capgate/v1/policies.proto",
+        // agentgateway's ExtMCP callout, written to be wire-compatible with its published one.
+        "proto/agentgateway/ext_mcp.proto",
     ];
     let descriptors = match protox::compile(protos, ["proto"]) {
         Ok(descriptors) => descriptors,

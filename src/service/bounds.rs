@@ -162,6 +162,17 @@ impl Check {
     }
 }
 
+/// The strings a door takes from its own protocol, checked as capgate's own door checks its
+/// fields: each `(field, value, limit)` within its limit and free of U+0000. The message names
+/// the first field over; the details name every one.
+pub fn texts(fields: &[(&str, &str, usize)]) -> Result<(), Status> {
+    let mut check = Check::default();
+    for (field, value, limit) in fields {
+        check.text(|| (*field).to_owned(), value, *limit);
+    }
+    check.finish()
+}
+
 pub fn decide(request: &DecideRequest) -> Result<(), Status> {
     let DecideRequest {
         caller,

@@ -48,6 +48,7 @@ use tonic_health::ServingStatus;
 
 use crate::identity::jwks::OidcDirectory;
 use crate::store::{self, NewPolicy, PublishOutcome, Store, StoreError, StoreOptions};
+use crate::wire::ext_mcp::ext_mcp_server::ExtMcpServer;
 use crate::wire::proto::decision_service_server::DecisionServiceServer;
 use crate::wire::proto::policy_service_server::PolicyServiceServer;
 use active::{compile_text, Active, ActivePolicy, Compiled};
@@ -56,6 +57,7 @@ use auth::Tokens;
 pub use config::{Config, ConfigError, PolicyFile, Tls, Token};
 use connections::{Acceptor, StreamLayer};
 use grpc::decisions::Decisions;
+use grpc::ext_mcp::ExtMcpDoor;
 use grpc::policies::Policies;
 use pipeline::Turns;
 
@@ -292,6 +294,11 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
         .add_service(
             DecisionServiceServer::new(Decisions::new(state.clone()))
                 .max_decoding_message_size(MAX_DECISION_MESSAGE),
+        )
+        .add_service(
+            // agentgateway's ExtMCP callout: `params` and `metadata_context` are bounded like a
+            // Decide's fields once decoded, the message like a Decide.
+            ExtMcpServer::new(ExtMcpDoor::new(state.clone())).max_decoding_message_size(MAX_DECISION_MESSAGE),
         )
         .add_service(
             PolicyServiceServer::new(Policies::new(state.clone()))

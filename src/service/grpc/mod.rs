@@ -1,6 +1,8 @@
-//! capgate's own gRPC doors: `capgate.v1.DecisionService` over the decision pipeline, and
-//! `capgate.v1.PolicyService` for publishing, listing and activating versions. Each converts
-//! protobuf in and out; the work is done in the rooms below.
+//! The gRPC doors: capgate's own `capgate.v1.DecisionService` over the decision pipeline and
+//! `capgate.v1.PolicyService` for publishing, listing and activating versions, and agentgateway's
+//! ExtMCP callout over the same pipeline. Each converts protobuf in and out; the work is done in
+//! the rooms below.
 
 pub mod decisions;
+pub mod ext_mcp;
 pub mod policies;
