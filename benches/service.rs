@@ -26,7 +26,8 @@
 //! principal, so every consumption updates one counter row) and
 //! `uncapped-keyed` (`uncapped` with a fresh `request_id` per call: the claim
 //! and the remembered answer, docs/decisions/0016, against `uncapped` as its
-//! baseline).
+//! baseline), and `ext-mcp-uncapped` (`uncapped` through agentgateway's ExtMCP
+//! door, against `uncapped` as its baseline).
 //!
 //! Everything is bounded: callers stop issuing calls at the end of each
 //! measurement, each call has a deadline, and the run works on a database
@@ -74,7 +75,7 @@ use plan::{Args, Plan};
 use report::{load_average, Report, Target};
 
 /// What the smoke run measures: the defaults but for one caller, no warm-up and 300 ms per
-/// measurement (2 baselines and 4 scenarios: about 2.5 s with the server's start).
+/// measurement (2 baselines and 5 scenarios: about 2.5 s with the server's start).
 const SMOKE: &[&str] = &[
     "service",
     "--concurrency",
@@ -336,9 +337,14 @@ fn drive<S: Store>(
         for &scenario in &plan.scenarios {
             progress(&format!("{n} caller(s): {}", scenario.label()));
             let requests = callers::requests(scenario, plan.principals);
+            let load = if scenario == plan::Scenario::ExtMcpUncapped {
+                Load::ExtMcp(&requests)
+            } else {
+                Load::Decide(&requests)
+            };
             results.push(client_runtime.block_on(callers::measure_calls(
                 some,
-                Load::Decide(&requests),
+                load,
                 plan,
                 scenario.name(),
                 scenario.label().to_owned(),

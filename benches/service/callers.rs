@@ -9,12 +9,16 @@ use std::time::{Duration, Instant};
 use capgate::cli::remote::{Connection, Server};
 use capgate::cli::Failure;
 use capgate::store::{AuditRecord, Door, RecordCode, RecordKind, RecordOutcome, Store};
+use capgate::wire::ext_mcp::ext_mcp_client::ExtMcpClient;
+use capgate::wire::ext_mcp::{mcp_request_result, McpRequest};
 use capgate::wire::proto::decision_service_client::DecisionServiceClient;
 use capgate::wire::proto::policy_service_client::PolicyServiceClient;
 use capgate::wire::proto::{
     decide_request, decide_response, AssertedPrincipal, Attribute, DecideRequest, Outcome as DecisionOutcome,
     PublishPolicyRequest, ReasonCode,
 };
+use prost_types::value::Kind;
+use prost_types::{Struct, Value};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
@@ -118,7 +122,9 @@ pub async fn publish(connection: &Connection) -> Result<(), Failure> {
 /// The requests a scenario rotates through.
 pub fn requests(scenario: Scenario, principals: usize) -> Vec<DecideRequest> {
     let (tool, count) = match scenario {
-        Scenario::Uncapped | Scenario::UncappedKeyed => ("bench__free", principals),
+        Scenario::Uncapped | Scenario::UncappedKeyed | Scenario::ExtMcpUncapped => {
+            ("bench__free", principals)
+        }
         Scenario::Capped => ("bench__metered", principals),
         Scenario::CappedHot => ("bench__metered", 1),
     };
@@ -155,12 +161,15 @@ const KEYED: &str = "keyed";
 pub enum Load<'a> {
     Health,
     Decide(&'a [DecideRequest]),
+    /// The same requests through agentgateway's ExtMCP door.
+    ExtMcp(&'a [DecideRequest]),
 }
 
 /// What one caller sends: [`Load`] with its own starting point.
 enum Work {
     Health,
     Decide(Vec<DecideRequest>),
+    ExtMcp(Vec<McpRequest>),
 }
 
 // ── The callers ────────────────────────────────────────────────────────────
@@ -179,13 +188,17 @@ pub async fn measure_calls(
     for (index, connection) in connections.iter().enumerate() {
         let work = match load {
             Load::Health => Work::Health,
-            Load::Decide(requests) => {
+            Load::Decide(requests) | Load::ExtMcp(requests) => {
                 // Callers start at different principals, and each walks
                 // through all of them.
                 let start = index * requests.len() / connections.len().max(1);
                 let mut mine = requests[start..].to_vec();
                 mine.extend_from_slice(&requests[..start]);
-                Work::Decide(mine)
+                if matches!(load, Load::ExtMcp(_)) {
+                    Work::ExtMcp(mine.iter().map(ext_mcp_request).collect())
+                } else {
+                    Work::Decide(mine)
+                }
             }
         };
         // Unique across runs on the same database too: a key seen before would be a replay.
@@ -208,6 +221,7 @@ pub async fn measure_calls(
 async fn caller(connection: Arc<Connection>, work: Work, window: Window, keys: String) -> Tally {
     let mut health = HealthClient::new(connection.channel.clone());
     let mut decisions = DecisionServiceClient::new(connection.channel.clone());
+    let mut ext_mcp = ExtMcpClient::new(connection.channel.clone());
     let mut tally = Tally::default();
     let mut next = 0_usize;
     loop {
@@ -223,6 +237,20 @@ async fn caller(connection: Arc<Connection>, work: Work, window: Window, keys: S
                 .await
                 .map(|response| response.into_inner().status == ServingStatus::Serving as i32)
                 .map_err(|status| format!("{:?}: {}", status.code(), status.message())),
+            Work::ExtMcp(requests) => {
+                let request = requests[next % requests.len()].clone();
+                next = next.wrapping_add(1);
+                match ext_mcp.check_request(connection.request(request)).await {
+                    Ok(response) => match response.into_inner().result {
+                        Some(mcp_request_result::Result::Pass(_)) => Ok(true),
+                        other => {
+                            tally.problem.get_or_insert(format!("not a pass: {other:?}"));
+                            Ok(false)
+                        }
+                    },
+                    Err(status) => Err(format!("{:?}: {}", status.code(), status.message())),
+                }
+            }
             Work::Decide(requests) => {
                 let mut request = requests[next % requests.len()].clone();
                 if request.request_id == KEYED {
@@ -264,6 +292,46 @@ async fn caller(connection: Arc<Connection>, work: Work, window: Window, keys: S
         }
     }
     tally
+}
+
+/// A `Decide` request as agentgateway's callout carries it: the backend and its own tool name, the
+/// asserted principal in `metadata_context` (docs/decisions/0019).
+fn ext_mcp_request(request: &DecideRequest) -> McpRequest {
+    let string = |text: &str| Value {
+        kind: Some(Kind::StringValue(text.to_owned())),
+    };
+    let object = |fields: Vec<(String, Value)>| Value {
+        kind: Some(Kind::StructValue(Struct {
+            fields: fields.into_iter().collect(),
+        })),
+    };
+    let Some(decide_request::Target::Tool(exposed)) = &request.target else {
+        unreachable!("the bench's requests name tools");
+    };
+    let (service, tool) = exposed.split_once("__").expect("an exposed tool name");
+    let Some(decide_request::Caller::Principal(principal)) = &request.caller else {
+        unreachable!("the bench's requests assert principals");
+    };
+    let attributes = principal
+        .attributes
+        .iter()
+        .map(|attribute| (attribute.name.clone(), string(&attribute.values[0])))
+        .collect();
+    let asserted = object(vec![
+        ("issuer".to_owned(), string(&principal.issuer)),
+        ("subject".to_owned(), string(&principal.subject)),
+        ("attributes".to_owned(), object(attributes)),
+    ]);
+    McpRequest {
+        service_name: service.to_owned(),
+        method: "tools/call".to_owned(),
+        metadata_context: Some(Struct {
+            fields: [("principal".to_owned(), asserted)].into_iter().collect(),
+        }),
+        mcp_request: Some(Struct {
+            fields: [("name".to_owned(), string(tool))].into_iter().collect(),
+        }),
+    }
 }
 
 /// Why an answer is not an allow (`None` for an allow).

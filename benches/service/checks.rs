@@ -98,7 +98,8 @@ fn plans_are_bounded_and_deduplicated() {
             Scenario::Capped,
             Scenario::Uncapped,
             Scenario::CappedHot,
-            Scenario::UncappedKeyed
+            Scenario::UncappedKeyed,
+            Scenario::ExtMcpUncapped
         ]
     );
     for refused in [

@@ -79,7 +79,9 @@ pub enum ScenarioArg {
     /// The uncapped grant with a fresh `request_id` on every call: the claim and the remembered
     /// answer too.
     UncappedKeyed,
-    /// All four.
+    /// The uncapped grant through agentgateway's ExtMCP door (`CheckRequest`), against `uncapped`.
+    ExtMcpUncapped,
+    /// All five.
     All,
 }
 
@@ -90,6 +92,7 @@ pub enum Scenario {
     Capped,
     CappedHot,
     UncappedKeyed,
+    ExtMcpUncapped,
 }
 
 impl Scenario {
@@ -99,6 +102,7 @@ impl Scenario {
             Scenario::Capped => "decide-capped",
             Scenario::CappedHot => "decide-capped-hot",
             Scenario::UncappedKeyed => "decide-uncapped-keyed",
+            Scenario::ExtMcpUncapped => "ext-mcp-uncapped",
         }
     }
 
@@ -108,6 +112,7 @@ impl Scenario {
             Scenario::Capped => "Decide capped",
             Scenario::CappedHot => "Decide capped, one key",
             Scenario::UncappedKeyed => "Decide uncapped, with request_id",
+            Scenario::ExtMcpUncapped => "ExtMCP CheckRequest uncapped",
         }
     }
 }
@@ -158,11 +163,13 @@ impl Plan {
                 ScenarioArg::Capped => &[Scenario::Capped],
                 ScenarioArg::CappedHot => &[Scenario::CappedHot],
                 ScenarioArg::UncappedKeyed => &[Scenario::UncappedKeyed],
+                ScenarioArg::ExtMcpUncapped => &[Scenario::ExtMcpUncapped],
                 ScenarioArg::All => &[
                     Scenario::Uncapped,
                     Scenario::Capped,
                     Scenario::CappedHot,
                     Scenario::UncappedKeyed,
+                    Scenario::ExtMcpUncapped,
                 ],
             };
             for scenario in some {
