@@ -139,7 +139,10 @@ impl World {
         headers: &[(&str, &str)],
     ) -> (u16, hyper::HeaderMap, Value) {
         let authorization = format!("Bearer {token}");
-        let mut all = vec![("content-type", "application/json"), ("authorization", authorization.as_str())];
+        let mut all = vec![
+            ("content-type", "application/json"),
+            ("authorization", authorization.as_str()),
+        ];
         all.extend_from_slice(headers);
         self.call("POST", path, &all, body.to_string().into_bytes()).await
     }
@@ -230,16 +233,67 @@ async fn every_reason_code_is_the_same_as_decide() {
     let senior = principal("staff", "sam", &[("dept", &["support"]), ("level", &["senior"])]);
     let robot = principal("nightly", "nightly-runner", &[("role", &["batch"])]);
     let cases: Vec<(&str, AssertedPrincipal, &str, &str, bool, &str)> = vec![
-        ("granted", dee(), "tool", "knowledge__search_pages", true, "granted"),
-        ("capped grant", ana(), "tool", "helpdesk__get_ticket", true, "granted"),
-        ("exhausted", ana(), "tool", "helpdesk__list_tickets", false, "limit_exhausted"),
-        ("no grant", dee(), "tool", "payments__issue_refund", false, "no_grant_matches"),
-        ("undeclared", dee(), "capability", "nothing.here.at-all", false, "capability_not_declared"),
-        ("by capability", senior.clone(), "capability", "tickets.issue.write", true, "granted"),
-        ("unknown tool", dee(), "tool", "helpdesk__delete_ticket", false, "unknown_tool"),
+        (
+            "granted",
+            dee(),
+            "tool",
+            "knowledge__search_pages",
+            true,
+            "granted",
+        ),
+        (
+            "capped grant",
+            ana(),
+            "tool",
+            "helpdesk__get_ticket",
+            true,
+            "granted",
+        ),
+        (
+            "exhausted",
+            ana(),
+            "tool",
+            "helpdesk__list_tickets",
+            false,
+            "limit_exhausted",
+        ),
+        (
+            "no grant",
+            dee(),
+            "tool",
+            "payments__issue_refund",
+            false,
+            "no_grant_matches",
+        ),
+        (
+            "undeclared",
+            dee(),
+            "capability",
+            "nothing.here.at-all",
+            false,
+            "capability_not_declared",
+        ),
+        (
+            "by capability",
+            senior.clone(),
+            "capability",
+            "tickets.issue.write",
+            true,
+            "granted",
+        ),
+        (
+            "unknown tool",
+            dee(),
+            "tool",
+            "helpdesk__delete_ticket",
+            false,
+            "unknown_tool",
+        ),
     ];
     for (name, who, kind, id, permitted, code) in &cases {
-        let (status, body) = world.post(EVALUATION, TRUSTED_TOKEN, &evaluation(subject(who), kind, id)).await;
+        let (status, body) = world
+            .post(EVALUATION, TRUSTED_TOKEN, &evaluation(subject(who), kind, id))
+            .await;
         assert_eq!(status, 200, "{name}: {body}");
         assert_eq!(body["decision"], json!(permitted), "{name}: {body}");
         assert_eq!(body["context"]["reason"]["code"], json!(code), "{name}: {body}");
@@ -248,22 +302,34 @@ async fn every_reason_code_is_the_same_as_decide() {
         assert_eq!(record.door, Door::Authzen, "{name}");
         assert_eq!(record.gateway, "trusted-gw", "{name}");
         if *permitted {
-            assert!(body["context"]["reason"]["pointer"].as_str().unwrap().starts_with("/grants/"));
-            assert_eq!(body["context"]["account"]["id"].as_str(), record.account_id.as_deref());
+            assert!(body["context"]["reason"]["pointer"]
+                .as_str()
+                .unwrap()
+                .starts_with("/grants/"));
+            assert_eq!(
+                body["context"]["account"]["id"].as_str(),
+                record.account_id.as_deref()
+            );
         }
     }
     // The capped grant: its ceiling after the one call it allowed.
     let (_, capped) = world
-        .post(EVALUATION, TRUSTED_TOKEN, &evaluation(subject(&robot), "tool", "helpdesk__fetch_case"))
+        .post(
+            EVALUATION,
+            TRUSTED_TOKEN,
+            &evaluation(subject(&robot), "tool", "helpdesk-legacy__fetch_case"),
+        )
         .await;
     assert_eq!(capped["context"]["ceiling"]["calls"], json!(5000), "{capped}");
     assert_eq!(capped["context"]["ceiling"]["remaining"], json!(4999), "{capped}");
-    assert!(capped["context"]["account"]["secret_ref"].as_str().unwrap().starts_with("vault://"));
+    assert!(capped["context"]["account"]["secret_ref"]
+        .as_str()
+        .unwrap()
+        .starts_with("vault://"));
 
     // The same questions through `Decide` (the counters have moved on: the exhausted one stays so).
     for (name, who, kind, id, permitted, code) in cases.iter().filter(|case| case.0 != "capped grant") {
         let response = world.decide_grpc(grpc_ask(who, kind, id)).await;
-        let (outcome, reason, _, _) = summary(&response);
         if *code == "unknown_tool" {
             assert!(matches!(
                 response.result,
@@ -271,12 +337,21 @@ async fn every_reason_code_is_the_same_as_decide() {
             ));
             continue;
         }
-        assert_eq!(outcome == capgate::wire::proto::Outcome::Allow, *permitted, "{name}");
+        let (outcome, reason, _, _) = summary(&response);
+        assert_eq!(
+            outcome == capgate::wire::proto::Outcome::Allow,
+            *permitted,
+            "{name}"
+        );
         assert_eq!(support::client::recorded_code(reason), *code, "{name}");
     }
     let metrics = http_get(metrics_addr(&world.serve), "/metrics").await.1;
     let counted = |code: &str| {
-        prometheus_value(&metrics, "capgate_decisions_total", &[("door", "authzen"), ("code", code)])
+        prometheus_value(
+            &metrics,
+            "capgate_decisions_total",
+            &[("door", "authzen"), ("code", code)],
+        )
     };
     assert_eq!(counted("limit_exhausted"), Some(1.0), "{metrics}");
     assert_eq!(counted("granted"), Some(4.0), "{metrics}");
@@ -331,44 +406,77 @@ grants:
     let kid = idp.kid(KeyType::Rsa);
     let token = idp.mint(&kid, &idp.claims("ana"));
     let with = |id: &str, properties: Value| {
-        evaluation(json!({"type": "identity", "id": id, "properties": properties}), "tool", "knowledge__search")
+        evaluation(
+            json!({"type": "identity", "id": id, "properties": properties}),
+            "tool",
+            "knowledge__search",
+        )
     };
 
-    let (status, body) = world.post(EVALUATION, GATEWAY_TOKEN, &with("ana", json!({"token": token}))).await;
+    let (status, body) = world
+        .post(EVALUATION, GATEWAY_TOKEN, &with("ana", json!({"token": token})))
+        .await;
     assert_eq!((status, body["decision"].clone()), (200, json!(true)), "{body}");
-    let record = world.record(body["context"]["decision_id"].as_str().unwrap()).await;
+    let record = world
+        .record(body["context"]["decision_id"].as_str().unwrap())
+        .await;
     assert_eq!(
         (record.issuer.as_deref(), record.subject.as_deref()),
         (Some("corp"), Some("ana"))
     );
 
-    let (status, body) = world.post(EVALUATION, GATEWAY_TOKEN, &with("bob", json!({"token": token}))).await;
+    let (status, body) = world
+        .post(EVALUATION, GATEWAY_TOKEN, &with("bob", json!({"token": token})))
+        .await;
     assert_eq!(status, 200);
     assert_eq!(body["decision"], json!(false));
     assert_eq!(
         body["context"]["reason"],
         json!({"code": "unauthenticated", "problem": "credential_invalid"})
     );
-    let record = world.record(body["context"]["decision_id"].as_str().unwrap()).await;
+    let record = world
+        .record(body["context"]["decision_id"].as_str().unwrap())
+        .await;
     assert_eq!((record.subject.as_deref(), record.door), (None, Door::Authzen));
 
     let mut claims = idp.claims("ana");
     claims["exp"] = json!(1_000_000);
     claims["iat"] = json!(999_000);
     let expired = idp.mint(&kid, &claims);
-    let (_, body) = world.post(EVALUATION, GATEWAY_TOKEN, &with("ana", json!({"token": expired}))).await;
-    assert_eq!(body["context"]["reason"]["problem"], json!("credential_expired"), "{body}");
+    let (_, body) = world
+        .post(EVALUATION, GATEWAY_TOKEN, &with("ana", json!({"token": expired})))
+        .await;
+    assert_eq!(
+        body["context"]["reason"]["problem"],
+        json!("credential_expired"),
+        "{body}"
+    );
 
     let (_, body) = world
-        .post(EVALUATION, GATEWAY_TOKEN, &with("nightly", json!({"api_key": STATIC_KEY})))
+        .post(
+            EVALUATION,
+            GATEWAY_TOKEN,
+            &with("nightly", json!({"api_key": STATIC_KEY})),
+        )
         .await;
     assert_eq!(body["decision"], json!(true), "{body}");
     let (_, body) = world
-        .post(EVALUATION, GATEWAY_TOKEN, &with("nightly", json!({"api_key": "not-the-key"})))
+        .post(
+            EVALUATION,
+            GATEWAY_TOKEN,
+            &with("nightly", json!({"api_key": "not-the-key"})),
+        )
         .await;
-    assert_eq!(body["context"]["reason"]["code"], json!("unauthenticated"), "{body}");
+    assert_eq!(
+        body["context"]["reason"]["code"],
+        json!("unauthenticated"),
+        "{body}"
+    );
 
-    let certificate = with("edge-1", json!({"client_certificate": "CN=edge-1,OU=payments", "issuer": "edge"}));
+    let certificate = with(
+        "edge-1",
+        json!({"client_certificate": "CN=edge-1,OU=payments", "issuer": "edge"}),
+    );
     let (status, body) = world.post(EVALUATION, GATEWAY_TOKEN, &certificate).await;
     assert_eq!(status, 403, "{body}");
     assert_eq!(body["error"]["status"], json!(403));
@@ -378,12 +486,21 @@ grants:
     let asserted = with("ana", json!({"issuer": "corp"}));
     let (status, body) = world.post(EVALUATION, GATEWAY_TOKEN, &asserted).await;
     assert_eq!(status, 403, "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("may not assert"));
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("may not assert"));
     let (_, body) = world.post(EVALUATION, TRUSTED_TOKEN, &asserted).await;
     assert_eq!(body["decision"], json!(true), "{body}");
 
     let logs = world.serve.logs();
-    for secret in [token.as_str(), expired.as_str(), STATIC_KEY, GATEWAY_TOKEN, TRUSTED_TOKEN] {
+    for secret in [
+        token.as_str(),
+        expired.as_str(),
+        STATIC_KEY,
+        GATEWAY_TOKEN,
+        TRUSTED_TOKEN,
+    ] {
         assert!(!logs.contains(secret), "a secret in the logs");
     }
     let audit = format!("{:?}", world.audit().await);
@@ -399,7 +516,12 @@ async fn bad_requests_get_the_spec_errors() {
     let good = evaluation(subject(&dee()), "tool", "knowledge__search_pages");
 
     let (status, headers, body) = world
-        .call("POST", EVALUATION, &[("content-type", "application/json")], good.to_string().into_bytes())
+        .call(
+            "POST",
+            EVALUATION,
+            &[("content-type", "application/json")],
+            good.to_string().into_bytes(),
+        )
         .await;
     assert_eq!(status, 401, "{body}");
     assert_eq!(headers.get("www-authenticate").unwrap(), "Bearer");
@@ -417,7 +539,10 @@ async fn bad_requests_get_the_spec_errors() {
             good.to_string().into_bytes(),
         )
         .await;
-    assert_eq!((status, body["error"]["message"].as_str().unwrap()), (400, "`content-type`: must be `application/json`"));
+    assert_eq!(
+        (status, body["error"]["message"].as_str().unwrap()),
+        (400, "`content-type`: must be `application/json`")
+    );
 
     let mut huge = good.clone();
     huge["context"] = json!({"padding": "x".repeat(70 * 1024)});
@@ -428,38 +553,71 @@ async fn bad_requests_get_the_spec_errors() {
         .call(
             "POST",
             EVALUATION,
-            &[("authorization", &authorization), ("content-type", "application/json")],
+            &[
+                ("authorization", &authorization),
+                ("content-type", "application/json"),
+            ],
             deep.into_bytes(),
         )
         .await;
     assert_eq!(status, 400);
-    assert!(body["error"]["message"].as_str().unwrap().contains("nests more than"));
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("nests more than"));
 
     let cases = [
-        (json!({"action": {"name": "tools/call"}, "resource": {"type": "tool", "id": "x"}}), "`subject`: required"),
-        (evaluation(json!({"type": "user", "id": "dee"}), "tool", "x"), "`subject.type`: must be `identity`"),
-        (evaluation(subject(&dee()), "document", "x"), "`resource.type`: must be `tool` or `capability`"),
+        (
+            json!({"action": {"name": "tools/call"}, "resource": {"type": "tool", "id": "x"}}),
+            "`subject`: required",
+        ),
+        (
+            evaluation(json!({"type": "user", "id": "dee"}), "tool", "x"),
+            "`subject.type`: must be `identity`",
+        ),
+        (
+            evaluation(subject(&dee()), "document", "x"),
+            "`resource.type`: must be `tool` or `capability`",
+        ),
         (
             json!({"subject": subject(&dee()), "action": {"name": "tools/list"}, "resource": {"type": "tool", "id": "x"}}),
             "`action.name`: capgate decides `tools/call` only",
         ),
-        (evaluation(subject(&dee()), "tool", &"t".repeat(600)), "`resource.id`: 600 bytes, more than the limit of 512"),
         (
-            evaluation(json!({"type": "identity", "id": "dee", "properties": {"token": 42}}), "tool", "x"),
+            evaluation(subject(&dee()), "tool", &"t".repeat(600)),
+            "`resource.id`: 600 bytes, more than the limit of 512",
+        ),
+        (
+            evaluation(
+                json!({"type": "identity", "id": "dee", "properties": {"token": 42}}),
+                "tool",
+                "x",
+            ),
             "`subject.properties.token`: must be a string",
         ),
     ];
     for (request, message) in cases {
         let (status, body) = world.post(EVALUATION, TRUSTED_TOKEN, &request).await;
-        assert_eq!((status, body["error"]["message"].as_str().unwrap()), (400, message), "{request}");
+        assert_eq!(
+            (status, body["error"]["message"].as_str().unwrap()),
+            (400, message),
+            "{request}"
+        );
     }
     let batch = json!({"subject": subject(&dee()), "action": {"name": "tools/call"},
         "evaluations": (0..65).map(|_| json!({"resource": {"type": "tool", "id": "knowledge__search_pages"}})).collect::<Vec<_>>()});
     let (status, body) = world.post(EVALUATIONS, TRUSTED_TOKEN, &batch).await;
-    assert_eq!((status, body["error"]["message"].as_str().unwrap()), (400, "`evaluations`: 65 items, more than the limit of 64"));
+    assert_eq!(
+        (status, body["error"]["message"].as_str().unwrap()),
+        (400, "`evaluations`: 65 items, more than the limit of 64")
+    );
     let (status, _, body) = world.call("GET", "/access/v1/nothing", &[], Vec::new()).await;
     assert_eq!((status, body["error"]["status"].clone()), (404, json!(404)));
-    assert!(world.audit().await.iter().all(|record| record.door != Door::Authzen));
+    assert!(world
+        .audit()
+        .await
+        .iter()
+        .all(|record| record.door != Door::Authzen));
 }
 
 /// A retry with the same `X-Request-ID` gets the first answer back (same decision id, no second
@@ -479,18 +637,32 @@ async fn a_retry_with_the_same_request_id_is_answered_once() {
     let (_, _, other) = world
         .post_with(EVALUATION, TRUSTED_TOKEN, &ask, &[("x-request-id", "retry-2")])
         .await;
-    assert_eq!(other["context"]["reason"]["code"], json!("limit_exhausted"), "{other}");
+    assert_eq!(
+        other["context"]["reason"]["code"],
+        json!("limit_exhausted"),
+        "{other}"
+    );
     let decision_id = first["context"]["decision_id"].as_str().unwrap();
     let records = world.audit().await;
-    assert_eq!(records.iter().filter(|record| record.decision_id == decision_id).count(), 1);
+    assert_eq!(
+        records
+            .iter()
+            .filter(|record| record.decision_id == decision_id)
+            .count(),
+        1
+    );
     let record = world.record(decision_id).await;
     assert_eq!(record.request_id.as_deref(), Some("retry-1"));
 
     let batch = json!({"subject": subject(&dee()), "action": {"name": "tools/call"}, "evaluations": [
         {"resource": {"type": "tool", "id": "knowledge__search_pages"}},
         {"resource": {"type": "tool", "id": "payments__issue_refund"}}]});
-    let (_, _, first) = world.post_with(EVALUATIONS, TRUSTED_TOKEN, &batch, &[("x-request-id", "b")]).await;
-    let (_, _, again) = world.post_with(EVALUATIONS, TRUSTED_TOKEN, &batch, &[("x-request-id", "b")]).await;
+    let (_, _, first) = world
+        .post_with(EVALUATIONS, TRUSTED_TOKEN, &batch, &[("x-request-id", "b")])
+        .await;
+    let (_, _, again) = world
+        .post_with(EVALUATIONS, TRUSTED_TOKEN, &batch, &[("x-request-id", "b")])
+        .await;
     assert_eq!(first, again);
     assert_eq!(first["evaluations"].as_array().unwrap().len(), 2);
 }
@@ -520,20 +692,35 @@ async fn batches_follow_the_three_semantics() {
     };
     let (_, all) = world.post(EVALUATIONS, TRUSTED_TOKEN, &batch(None)).await;
     assert_eq!(decisions(&all), [true, false, true]);
-    let (_, all) = world.post(EVALUATIONS, TRUSTED_TOKEN, &batch(Some("execute_all"))).await;
+    let (_, all) = world
+        .post(EVALUATIONS, TRUSTED_TOKEN, &batch(Some("execute_all")))
+        .await;
     assert_eq!(decisions(&all), [true, false, true]);
-    let (_, and) = world.post(EVALUATIONS, TRUSTED_TOKEN, &batch(Some("deny_on_first_deny"))).await;
+    let (_, and) = world
+        .post(EVALUATIONS, TRUSTED_TOKEN, &batch(Some("deny_on_first_deny")))
+        .await;
     assert_eq!(decisions(&and), [true, false]);
-    let (_, or) = world.post(EVALUATIONS, TRUSTED_TOKEN, &batch(Some("permit_on_first_permit"))).await;
+    let (_, or) = world
+        .post(EVALUATIONS, TRUSTED_TOKEN, &batch(Some("permit_on_first_permit")))
+        .await;
     assert_eq!(decisions(&or), [true]);
     let (status, body) = world.post(EVALUATIONS, TRUSTED_TOKEN, &batch(Some("any"))).await;
     assert_eq!(status, 400, "{body}");
     let (_, single) = world
-        .post(EVALUATIONS, TRUSTED_TOKEN, &evaluation(subject(&dee()), "tool", "knowledge__search_pages"))
+        .post(
+            EVALUATIONS,
+            TRUSTED_TOKEN,
+            &evaluation(subject(&dee()), "tool", "knowledge__search_pages"),
+        )
         .await;
     assert_eq!(single["decision"], json!(true), "{single}");
     // One record per decided item: 3 + 3 + 2 + 1 + 1.
-    let recorded = world.audit().await.iter().filter(|record| record.door == Door::Authzen).count();
+    let recorded = world
+        .audit()
+        .await
+        .iter()
+        .filter(|record| record.door == Door::Authzen)
+        .count();
     assert_eq!(recorded, 10);
 }
 
@@ -553,9 +740,16 @@ async fn a_resource_search_lists_what_the_subject_may_call() {
         .collect();
     assert_eq!(ids, ["knowledge__search_pages", "knowledge__semantic_search"]);
     assert_eq!(tools["page"], json!({"next_token": "", "count": 2, "total": 2}));
-    let (_, capabilities) = world.post(SEARCH_RESOURCE, TRUSTED_TOKEN, &search("capability")).await;
-    assert_eq!(capabilities["results"], json!([{"type": "capability", "id": "docs.page.search"}]));
-    let record = world.record(tools["context"]["decision_id"].as_str().unwrap()).await;
+    let (_, capabilities) = world
+        .post(SEARCH_RESOURCE, TRUSTED_TOKEN, &search("capability"))
+        .await;
+    assert_eq!(
+        capabilities["results"],
+        json!([{"type": "capability", "id": "docs.page.search"}])
+    );
+    let record = world
+        .record(tools["context"]["decision_id"].as_str().unwrap())
+        .await;
     assert_eq!((record.door, record.visible_count), (Door::Authzen, Some(1)));
     let (status, _, ready) = world.call("GET", "/readyz", &[], Vec::new()).await;
     assert_eq!((status, ready["status"].clone()), (200, json!("ready")));
@@ -571,26 +765,46 @@ async fn health_readiness_and_metadata() {
     let (status, _, body) = world.call("GET", "/readyz", &[], Vec::new()).await;
     assert_eq!(status, 503, "{body}");
     let (status, body) = world
-        .post(EVALUATION, TRUSTED_TOKEN, &evaluation(subject(&dee()), "tool", "x"))
+        .post(
+            EVALUATION,
+            TRUSTED_TOKEN,
+            &evaluation(subject(&dee()), "tool", "x"),
+        )
         .await;
     assert_eq!((status, body["error"]["status"].clone()), (503, json!(503)));
-    let (status, _, metadata) = world.call("GET", "/.well-known/authzen-configuration", &[], Vec::new()).await;
+    let (status, _, metadata) = world
+        .call("GET", "/.well-known/authzen-configuration", &[], Vec::new())
+        .await;
     assert_eq!(status, 200);
     let base = format!("http://{}", world.http);
     assert_eq!(metadata["policy_decision_point"], json!(base));
-    assert_eq!(metadata["access_evaluation_endpoint"], json!(format!("{base}/access/v1/evaluation")));
-    assert_eq!(metadata["search_resource_endpoint"], json!(format!("{base}/access/v1/search/resource")));
-
+    assert_eq!(
+        metadata["access_evaluation_endpoint"],
+        json!(format!("{base}/access/v1/evaluation"))
+    );
+    assert_eq!(
+        metadata["search_resource_endpoint"],
+        json!(format!("{base}/access/v1/search/resource"))
+    );
 }
 
 /// Without tokens the AuthZEN port, like the gRPC one, listens on loopback only.
 #[test]
 fn an_open_port_off_loopback_is_refused() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_capgate"))
-        .args(["serve", "--database-url", "sqlite::memory:", "--http-listen", "0.0.0.0:0"])
+        .args([
+            "serve",
+            "--database-url",
+            "sqlite::memory:",
+            "--http-listen",
+            "0.0.0.0:0",
+        ])
         .output()
         .expect("run capgate serve");
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("refusing to listen on `0.0.0.0:0` without tokens"), "{stderr}");
+    assert!(
+        stderr.contains("refusing to listen on `0.0.0.0:0` without tokens"),
+        "{stderr}"
+    );
 }

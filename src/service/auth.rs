@@ -122,7 +122,11 @@ impl Tokens {
     }
 
     /// As [`Tokens::authorize`], for an HTTP door: the same token in the `authorization` header.
-    pub fn authorize_http(&self, headers: &tonic::codegen::http::HeaderMap, role: Role) -> Result<Gateway, Status> {
+    pub fn authorize_http(
+        &self,
+        headers: &tonic::codegen::http::HeaderMap,
+        role: Role,
+    ) -> Result<Gateway, Status> {
         self.check(
             headers.get("authorization").map(|value| value.as_bytes()),
             "header",

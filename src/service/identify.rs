@@ -148,7 +148,9 @@ async fn credential(
         return Ok(Identified::problem(hint, problem));
     }
     Ok(match presented {
-        Presented::ApiKey(key) => Identified::resolved(hint, active.static_keys.authenticate(issuers, hint, key)),
+        Presented::ApiKey(key) => {
+            Identified::resolved(hint, active.static_keys.authenticate(issuers, hint, key))
+        }
         Presented::ClientCertificate(forwarded) => {
             Identified::resolved(hint, identity::client_certificate(issuers, hint, forwarded))
         }

@@ -311,6 +311,12 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
     ));
     drop(state);
 
+    // Logged before `capgate serving`, the line that says the server is up.
+    let http_addrs = http.addrs.clone();
+    if !http.addrs.is_empty() {
+        let shown: Vec<String> = http.addrs.iter().map(ToString::to_string).collect();
+        tracing::info!(addresses = %shown.join(", "), tls = config.tls.is_some(), "serving AuthZEN");
+    }
     let shown: Vec<String> = addrs.iter().map(ToString::to_string).collect();
     tracing::info!(
         addresses = %shown.join(", "),
@@ -319,11 +325,6 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
         max_connections = acceptor.max_connections(),
         "capgate serving"
     );
-    let http_addrs = http.addrs.clone();
-    if !http.addrs.is_empty() {
-        let shown: Vec<String> = http.addrs.iter().map(ToString::to_string).collect();
-        tracing::info!(addresses = %shown.join(", "), tls = config.tls.is_some(), "serving AuthZEN");
-    }
     let incoming = acceptor.incoming(listeners);
     if !config.authenticates() {
         tracing::warn!("no tokens configured: accepting unauthenticated calls, on loopback addresses only");

@@ -17,10 +17,10 @@ use serde_json::{Map, Value};
 
 use crate::identity::Presented;
 use crate::service::bounds::{
-    MAX_ATTRIBUTES, MAX_ATTRIBUTE_NAME, MAX_ATTRIBUTE_VALUE, MAX_ATTRIBUTE_VALUES, MAX_CREDENTIAL, MAX_ISSUER,
-    MAX_SUBJECT, MAX_TARGET,
+    MAX_ATTRIBUTES, MAX_ATTRIBUTE_NAME, MAX_ATTRIBUTE_VALUE, MAX_ATTRIBUTE_VALUES, MAX_CREDENTIAL,
+    MAX_ISSUER, MAX_SUBJECT, MAX_TARGET,
 };
-use crate::service::identify::{AssertedCaller, Asked};
+use crate::service::identify::{Asked, AssertedCaller};
 use crate::service::pipeline::Target;
 
 /// The one action capgate decides: calling an MCP tool (the COAZ-MCP binding's name).
@@ -109,7 +109,7 @@ pub struct Evaluation<'a> {
 }
 
 /// The parts of an evaluation: each from the item itself, else from the batch's defaults.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct Parts<'a> {
     pub subject: Option<(&'a Value, String)>,
     pub action: Option<(&'a Value, String)>,
@@ -201,7 +201,8 @@ fn required_text<'a>(
     field: &str,
     limit: usize,
 ) -> Result<&'a str, Problem> {
-    text(object, name, field, limit)?.ok_or_else(|| Problem::bad_request(&format!("{field}.{name}"), "required"))
+    text(object, name, field, limit)?
+        .ok_or_else(|| Problem::bad_request(&format!("{field}.{name}"), "required"))
 }
 
 /// `action.name` must be `tools/call`: it is the only question capgate answers.
@@ -261,15 +262,20 @@ pub fn caller<'a>(subject: &'a Value, field: &str) -> Result<Asked<'a>, Problem>
     let subject_object = object(subject, field)?;
     let kind = required_text(subject_object, "type", field, MAX_TARGET)?;
     if kind != "identity" {
-        return Err(Problem::bad_request(&format!("{field}.type"), "must be `identity`"));
+        return Err(Problem::bad_request(
+            &format!("{field}.type"),
+            "must be `identity`",
+        ));
     }
     let id = required_text(subject_object, "id", field, MAX_SUBJECT)?;
-    let empty = Map::new();
     let properties_field = format!("{field}.properties");
-    let properties = match subject_object.get("properties") {
-        Some(properties) => object(properties, &properties_field)?,
-        None => &empty,
+    let Some(properties) = subject_object.get("properties") else {
+        return Err(Problem::bad_request(
+            &format!("{properties_field}.issuer"),
+            "required: an asserted subject names its issuer (or carry the caller's `token`)",
+        ));
     };
+    let properties = object(properties, &properties_field)?;
     let issuer = text(properties, "issuer", &properties_field, MAX_ISSUER)?;
     let credentials = [
         ("token", Presented::BearerToken as fn(&'a str) -> Presented<'a>),
@@ -326,7 +332,10 @@ fn asserted_attributes<'a>(attributes: &'a Value, field: &str) -> Result<Vec<(&'
     if attributes.len() > MAX_ATTRIBUTES {
         return Err(Problem::bad_request(
             field,
-            format!("{} attributes, more than the limit of {MAX_ATTRIBUTES}", attributes.len()),
+            format!(
+                "{} attributes, more than the limit of {MAX_ATTRIBUTES}",
+                attributes.len()
+            ),
         ));
     }
     let mut pairs = Vec::with_capacity(attributes.len());
@@ -336,7 +345,10 @@ fn asserted_attributes<'a>(attributes: &'a Value, field: &str) -> Result<Vec<(&'
             // The name is not repeated when it is the thing too long.
             return Err(Problem::bad_request(
                 field,
-                format!("an attribute name of {} bytes, more than the limit of {MAX_ATTRIBUTE_NAME}", name.len()),
+                format!(
+                    "an attribute name of {} bytes, more than the limit of {MAX_ATTRIBUTE_NAME}",
+                    name.len()
+                ),
             ));
         }
         bounded(name, field, MAX_ATTRIBUTE_NAME)?;
@@ -349,7 +361,10 @@ fn asserted_attributes<'a>(attributes: &'a Value, field: &str) -> Result<Vec<(&'
                 if values.len() > MAX_ATTRIBUTE_VALUES {
                     return Err(Problem::bad_request(
                         &named,
-                        format!("{} values, more than the limit of {MAX_ATTRIBUTE_VALUES}", values.len()),
+                        format!(
+                            "{} values, more than the limit of {MAX_ATTRIBUTE_VALUES}",
+                            values.len()
+                        ),
                     ));
                 }
                 for (at, value) in values.iter().enumerate() {
@@ -361,7 +376,12 @@ fn asserted_attributes<'a>(attributes: &'a Value, field: &str) -> Result<Vec<(&'
                     pairs.push((name.as_str(), text));
                 }
             }
-            _ => return Err(Problem::bad_request(&named, "must be a string or an array of strings")),
+            _ => {
+                return Err(Problem::bad_request(
+                    &named,
+                    "must be a string or an array of strings",
+                ))
+            }
         }
     }
     Ok(pairs)
@@ -401,14 +421,6 @@ impl Semantic {
             Semantic::ExecuteAll => false,
             Semantic::DenyOnFirstDeny => !permitted,
             Semantic::PermitOnFirstPermit => permitted,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Semantic::ExecuteAll => "execute_all",
-            Semantic::DenyOnFirstDeny => "deny_on_first_deny",
-            Semantic::PermitOnFirstPermit => "permit_on_first_permit",
         }
     }
 }
@@ -451,10 +463,12 @@ mod tests {
         let defaults = Parts::of(&request, "");
         let items = request["evaluations"].as_array().unwrap();
         let first = object(&items[0], "evaluations[0]").unwrap();
-        let first = Parts::of(first, "evaluations[0].").or(defaults).evaluation("evaluations[0].");
+        let first = Parts::of(first, "evaluations[0].")
+            .or(defaults.clone())
+            .evaluation("evaluations[0].");
         assert!(matches!(first.unwrap().target, Target::Capability("c")));
         let second = object(&items[1], "evaluations[1]").unwrap();
-        let second = Parts::of(second, "evaluations[1].").or(defaults);
+        let second = Parts::of(second, "evaluations[1].").or(defaults.clone());
         assert_eq!(
             second.evaluation("evaluations[1].").unwrap_err().message,
             "`evaluations[1].action.name`: capgate decides `tools/call` only"

@@ -88,7 +88,10 @@ impl IntoResponse for Failed {
     fn into_response(self) -> Response {
         let Problem { status, message } = self.problem;
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut response = json_response(status, &json!({"error": {"status": status.as_u16(), "message": message}}));
+        let mut response = json_response(
+            status,
+            &json!({"error": {"status": status.as_u16(), "message": message}}),
+        );
         if status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()
@@ -136,13 +139,20 @@ struct Posted {
 /// Authenticates the gateway, then reads the request id and the body, in that order: an
 /// unauthenticated caller learns nothing about its request.
 async fn posted<S: Store>(state: &State<S>, headers: &HeaderMap, body: Body) -> Result<Posted, Failed> {
-    let gateway = state.tokens.authorize_http(headers, Role::Gateway).map_err(|status| {
-        let code = if status.code() == tonic::Code::PermissionDenied { 403 } else { 401 };
-        Problem {
-            status: code,
-            message: status.message().to_owned(),
-        }
-    })?;
+    let gateway = state
+        .tokens
+        .authorize_http(headers, Role::Gateway)
+        .map_err(|status| {
+            let code = if status.code() == tonic::Code::PermissionDenied {
+                403
+            } else {
+                401
+            };
+            Problem {
+                status: code,
+                message: status.message().to_owned(),
+            }
+        })?;
     let request_id_header = headers.get("x-request-id").cloned();
     let request_id = match &request_id_header {
         None => None,
@@ -158,23 +168,28 @@ async fn posted<S: Store>(state: &State<S>, headers: &HeaderMap, body: Body) -> 
         .and_then(|value| value.split(';').next())
         .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"));
     if !json {
-        return Err(fail(Problem::bad_request("content-type", "must be `application/json`")));
+        return Err(fail(Problem::bad_request(
+            "content-type",
+            "must be `application/json`",
+        )));
     }
     let bytes = http_body_util::Limited::new(body, MAX_BODY)
         .collect()
         .await
         .map_err(|error| {
-            fail(if error.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-                Problem {
-                    status: 413,
-                    message: format!("the request body is more than {MAX_BODY} bytes"),
-                }
-            } else {
-                Problem {
-                    status: 400,
-                    message: "the request body could not be read".to_owned(),
-                }
-            })
+            fail(
+                if error.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                    Problem {
+                        status: 413,
+                        message: format!("the request body is more than {MAX_BODY} bytes"),
+                    }
+                } else {
+                    Problem {
+                        status: 400,
+                        message: "the request body could not be read".to_owned(),
+                    }
+                },
+            )
         })?
         .to_bytes();
     let request = mapping::parse_body(&bytes).map_err(fail)?;
@@ -200,7 +215,11 @@ fn request_id(value: &HeaderValue) -> Result<String, Problem> {
     Ok(text.to_owned())
 }
 
-async fn evaluation<S: Store>(Shared(door): Shared<Arc<Served<S>>>, headers: HeaderMap, body: Body) -> Response {
+async fn evaluation<S: Store>(
+    Shared(door): Shared<Arc<Served<S>>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     telemetry::rpc::http(EVALUATION, &headers.clone(), async move {
         match evaluate_one(&door.state, &headers, body).await {
             Ok(response) => response,
@@ -210,7 +229,11 @@ async fn evaluation<S: Store>(Shared(door): Shared<Arc<Served<S>>>, headers: Hea
     .await
 }
 
-async fn evaluate_one<S: Store>(state: &State<S>, headers: &HeaderMap, body: Body) -> Result<Response, Failed> {
+async fn evaluate_one<S: Store>(
+    state: &State<S>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, Failed> {
     let posted = posted(state, headers, body).await?;
     let with_id = |problem: Problem| Failed {
         problem,
@@ -218,13 +241,23 @@ async fn evaluate_one<S: Store>(state: &State<S>, headers: &HeaderMap, body: Bod
     };
     let item = Parts::of(&posted.request, "").evaluation("").map_err(with_id)?;
     let active = pipeline::current(state).map_err(refused).map_err(with_id)?;
-    let decided = decide(state, &active, &posted.gateway, item, posted.request_id.as_deref())
-        .await
-        .map_err(with_id)?;
+    let decided = decide(
+        state,
+        &active,
+        &posted.gateway,
+        item,
+        posted.request_id.as_deref(),
+    )
+    .await
+    .map_err(with_id)?;
     Ok(answered(&decided, posted.request_id_header.clone()))
 }
 
-async fn evaluations<S: Store>(Shared(door): Shared<Arc<Served<S>>>, headers: HeaderMap, body: Body) -> Response {
+async fn evaluations<S: Store>(
+    Shared(door): Shared<Arc<Served<S>>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     telemetry::rpc::http(EVALUATIONS, &headers.clone(), async move {
         match evaluate_batch(&door.state, &headers, body).await {
             Ok(response) => response,
@@ -238,7 +271,11 @@ async fn evaluations<S: Store>(Shared(door): Shared<Arc<Served<S>>>, headers: He
 /// decided, so that a malformed or forbidden item costs no decision of the others. Items are
 /// decided in order; a short-circuiting semantic ends the batch at the item that decides it,
 /// which is then the last in the response (as the spec's examples show).
-async fn evaluate_batch<S: Store>(state: &State<S>, headers: &HeaderMap, body: Body) -> Result<Response, Failed> {
+async fn evaluate_batch<S: Store>(
+    state: &State<S>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, Failed> {
     let posted = posted(state, headers, body).await?;
     let with_id = |problem: Problem| Failed {
         problem,
@@ -246,8 +283,8 @@ async fn evaluate_batch<S: Store>(state: &State<S>, headers: &HeaderMap, body: B
     };
     let request = &posted.request;
     let defaults = Parts::of(request, "");
-    let items = match request.get("evaluations") {
-        None => &Vec::new(),
+    let items: &[Value] = match request.get("evaluations") {
+        None => &[],
         Some(Value::Array(items)) => items,
         Some(_) => return Err(with_id(Problem::bad_request("evaluations", "must be an array"))),
     };
@@ -255,9 +292,15 @@ async fn evaluate_batch<S: Store>(state: &State<S>, headers: &HeaderMap, body: B
     if items.is_empty() {
         // No `evaluations`: the request is a single evaluation, and so is its answer.
         let item = defaults.evaluation("").map_err(with_id)?;
-        let decided = decide(state, &active, &posted.gateway, item, posted.request_id.as_deref())
-            .await
-            .map_err(with_id)?;
+        let decided = decide(
+            state,
+            &active,
+            &posted.gateway,
+            item,
+            posted.request_id.as_deref(),
+        )
+        .await
+        .map_err(with_id)?;
         return Ok(answered(&decided, posted.request_id_header.clone()));
     }
     if items.len() > MAX_EVALUATIONS {
@@ -273,7 +316,7 @@ async fn evaluate_batch<S: Store>(state: &State<S>, headers: &HeaderMap, body: B
         let item = mapping::object(item, &at).map_err(with_id)?;
         let prefix = format!("{at}.");
         let evaluation = Parts::of(item, &prefix)
-            .or(defaults)
+            .or(defaults.clone())
             .evaluation(&prefix)
             .map_err(with_id)?;
         may_ask(&posted.gateway, &evaluation.caller).map_err(with_id)?;
@@ -532,8 +575,11 @@ async fn configuration<S: Store>(Shared(door): Shared<Arc<Served<S>>>, headers: 
         .and_then(|host| host.to_str().ok())
         .filter(|host| !host.is_empty() && !host.contains(['/', '?', '#', '@']))
     else {
-        return Failed::from(Problem::bad_request("host", "required: the PDP's base URL is built from it"))
-            .into_response();
+        return Failed::from(Problem::bad_request(
+            "host",
+            "required: the PDP's base URL is built from it",
+        ))
+        .into_response();
     };
     let base = format!("{scheme}://{host}");
     json_response(

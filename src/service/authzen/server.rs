@@ -61,7 +61,10 @@ impl HttpServer {
             service: TowerToHyperService::new(router),
             tls,
             permits: Arc::new(Semaphore::new(
-                config.connections.max_connections.unwrap_or(Connections::DEFAULT_MAX),
+                config
+                    .connections
+                    .max_connections
+                    .unwrap_or(Connections::DEFAULT_MAX),
             )),
             head_timeout: config.connections.handshake_timeout,
         });
@@ -96,7 +99,7 @@ async fn accept(listener: TcpListener, door: Arc<Accepting>, mut stop: watch::Re
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            _ = stop.wait_for(|stop| *stop) => break,
+            () = stopping(&mut stop) => break,
         };
         let stream = match accepted {
             Ok((stream, _)) => stream,
@@ -122,9 +125,11 @@ async fn accept(listener: TcpListener, door: Arc<Accepting>, mut stop: watch::Re
         while connections.try_join_next().is_some() {}
     }
     drop(listener);
-    if tokio::time::timeout(DRAIN_WITHIN, async { while connections.join_next().await.is_some() {} })
-        .await
-        .is_err()
+    if tokio::time::timeout(DRAIN_WITHIN, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await
+    .is_err()
     {
         tracing::warn!("AuthZEN connections still open after the drain; closing them");
     }
@@ -152,7 +157,7 @@ where
     tokio::pin!(served);
     let result = tokio::select! {
         result = served.as_mut() => result,
-        _ = stop.wait_for(|stop| *stop) => {
+        () = stopping(&mut stop) => {
             // Finish the request in flight, then close.
             served.as_mut().graceful_shutdown();
             served.await
@@ -161,4 +166,9 @@ where
     if let Err(error) = result {
         tracing::debug!(%error, "an AuthZEN connection ended with an error");
     }
+}
+
+/// Resolves once the server is told to stop (the watch's guard is not held past it).
+async fn stopping(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
 }
