@@ -28,6 +28,10 @@ pub struct Args {
     /// address must be loopback.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50051")]
     pub listen: Vec<SocketAddr>,
+    /// Serve the OpenID AuthZEN 1.0 API (HTTP/JSON) here too; repeat for several. Off unless
+    /// given; the same tokens, TLS and loopback rule as `--listen` (docs/gateways/authzen.md).
+    #[arg(long, value_name = "ADDR")]
+    pub http_listen: Vec<SocketAddr>,
     #[command(flatten)]
     pub database: Database,
     /// Publish this artifact at start-up when it differs from the active version.
@@ -175,6 +179,7 @@ pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
 fn config(args: &Args, policy: Option<PolicyFile>) -> Result<Config, Failure> {
     let usage = |error: ConfigError| Failure::Usage(error.to_string());
     let mut config = Config::new(args.listen.clone());
+    config.http_listen = args.http_listen.clone();
     config.policy = policy;
     config.store_timeout = args.store_timeout;
     config.poll_interval = args.poll_interval;

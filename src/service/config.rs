@@ -17,6 +17,9 @@ use crate::identity::jwks::OidcSettings;
 pub struct Config {
     /// Every address to listen on; `127.0.0.1:0` picks a free port.
     pub listen: Vec<SocketAddr>,
+    /// `--http-listen`: where the AuthZEN HTTP/JSON door listens; empty, it is off
+    /// (docs/decisions/0018). The same tokens, TLS and loopback rule as `listen`.
+    pub http_listen: Vec<SocketAddr>,
     /// `--policy FILE [--catalog F]`: published at start-up if it differs from
     /// the active version.
     pub policy: Option<PolicyFile>,
@@ -67,6 +70,7 @@ impl Config {
     pub fn new(listen: Vec<SocketAddr>) -> Self {
         Config {
             listen,
+            http_listen: Vec::new(),
             policy: None,
             store_timeout: Duration::from_millis(50),
             audit_timeout: Duration::from_millis(1000),
@@ -106,7 +110,10 @@ impl Config {
             return Err(ConfigError::NoListenAddress);
         }
         if !self.authenticates() {
-            if let Some(open) = self.listen.iter().find(|addr| !addr.ip().is_loopback()) {
+            if let Some(open) = (self.listen.iter())
+                .chain(&self.http_listen)
+                .find(|addr| !addr.ip().is_loopback())
+            {
                 return Err(ConfigError::UnauthenticatedNetwork(*open));
             }
         }

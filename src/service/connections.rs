@@ -250,6 +250,14 @@ impl Door {
 /// The server's TLS configuration from `--tls-cert`, `--tls-key` and `--tls-client-ca` (PEM),
 /// offering HTTP/2 by ALPN. With a client CA, a client must show a certificate it signed.
 fn tls_acceptor(tls: &Tls) -> Result<TlsAcceptor, String> {
+    let mut config = tls_config(tls)?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// The server's TLS configuration from the `--tls-*` material, without ALPN: the gRPC port
+/// offers `h2`, the AuthZEN port `http/1.1`, on the same certificate and client CA.
+pub fn tls_config(tls: &Tls) -> Result<rustls::ServerConfig, String> {
     let certificates = |flag: &str, pem: &[u8]| -> Result<Vec<CertificateDer<'static>>, String> {
         let found = CertificateDer::pem_slice_iter(pem)
             .collect::<Result<Vec<_>, _>>()
@@ -279,11 +287,9 @@ fn tls_acceptor(tls: &Tls) -> Result<TlsAcceptor, String> {
             builder.with_client_cert_verifier(verifier)
         }
     };
-    let mut config = builder
+    builder
         .with_single_cert(chain, key)
-        .map_err(|error| format!("`--tls-cert` and `--tls-key` do not go together: {error}"))?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(TlsAcceptor::from(Arc::new(config)))
+        .map_err(|error| format!("`--tls-cert` and `--tls-key` do not go together: {error}"))
 }
 
 /// The process's soft limit on open files, when it has one.

@@ -37,6 +37,15 @@ pub enum Asked<'a> {
         presented: Option<Presented<'a>>,
         hint: Option<&'a str>,
     },
+    /// As `Credential`, with the subject the gateway says it belongs to (AuthZEN's `subject.id`,
+    /// which its MCP binding requires to be the token's subject): a credential that authenticates
+    /// anyone else is `credential_invalid`, decided and audited like any bad credential, so that
+    /// no ceiling is spent and no allow is recorded for a subject the caller never proved.
+    CredentialOf {
+        presented: Option<Presented<'a>>,
+        hint: Option<&'a str>,
+        subject: &'a str,
+    },
 }
 
 /// A principal as a gateway asserts it: an issuer id, a subject and `(name, value)` pairs (a
@@ -67,6 +76,19 @@ impl Identified {
         }
     }
 
+    /// A principal whose subject is not `claimed` did not prove to be `claimed`: the issuer it
+    /// was checked against stays, the subject it turned out to be is not recorded as the caller.
+    fn claimed_by(self, claimed: &str) -> Self {
+        match &self.outcome {
+            Ok(principal) if principal.subject != claimed => Identified {
+                issuer: self.issuer,
+                subject: None,
+                outcome: Err(AuthProblem::CredentialInvalid),
+            },
+            _ => self,
+        }
+    }
+
     fn resolved(issuer: Option<&str>, resolution: Result<Resolution, AuthProblem>) -> Self {
         match resolution {
             Ok(Resolution { principal, .. }) => Identified {
@@ -87,34 +109,53 @@ pub async fn identify(
     asked: &Asked<'_>,
     at_ms: i64,
 ) -> Result<Identified, Refusal> {
-    let issuers = &active.policy.issuers;
     match asked {
         Asked::Principal(asserted) => {
             gateway.check_may_assert()?;
             Ok(asserted_identity(active, asserted))
         }
         Asked::Credential { presented, hint } => {
-            let hint = *hint;
-            let Some(presented) = *presented else {
-                return Ok(Identified::problem(hint, AuthProblem::CredentialMissing));
-            };
-            if matches!(presented, Presented::ClientCertificate(_)) {
-                gateway.check_may_forward_certificate()?;
-            }
-            if let Err(problem) = presented.check() {
-                return Ok(Identified::problem(hint, problem));
-            }
-            Ok(match presented {
-                Presented::ApiKey(key) => {
-                    Identified::resolved(hint, active.static_keys.authenticate(issuers, hint, key))
-                }
-                Presented::ClientCertificate(forwarded) => {
-                    Identified::resolved(hint, identity::client_certificate(issuers, hint, forwarded))
-                }
-                Presented::BearerToken(token) => bearer(directory, issuers, hint, token, at_ms).await?,
-            })
+            credential(directory, active, gateway, *presented, *hint, at_ms).await
+        }
+        Asked::CredentialOf {
+            presented,
+            hint,
+            subject,
+        } => {
+            let identified = credential(directory, active, gateway, *presented, *hint, at_ms).await?;
+            Ok(identified.claimed_by(subject))
         }
     }
+}
+
+/// The caller's own credential, checked against the active version's issuers.
+async fn credential(
+    directory: &Arc<OidcDirectory>,
+    active: &Active,
+    gateway: &Gateway,
+    presented: Option<Presented<'_>>,
+    hint: Option<&str>,
+    at_ms: i64,
+) -> Result<Identified, Refusal> {
+    let issuers = &active.policy.issuers;
+    let Some(presented) = presented else {
+        return Ok(Identified::problem(hint, AuthProblem::CredentialMissing));
+    };
+    if matches!(presented, Presented::ClientCertificate(_)) {
+        gateway.check_may_forward_certificate()?;
+    }
+    if let Err(problem) = presented.check() {
+        return Ok(Identified::problem(hint, problem));
+    }
+    Ok(match presented {
+        Presented::ApiKey(key) => {
+            Identified::resolved(hint, active.static_keys.authenticate(issuers, hint, key))
+        }
+        Presented::ClientCertificate(forwarded) => {
+            Identified::resolved(hint, identity::client_certificate(issuers, hint, forwarded))
+        }
+        Presented::BearerToken(token) => bearer(directory, issuers, hint, token, at_ms).await?,
+    })
 }
 
 /// The asserted principal, normalised as policy-core §3.2 says, without a

@@ -17,6 +17,7 @@
 //! | `pipeline/` | the decision pipeline: identify, resolve, evaluate, consume, audit, answer |
 //! | `identify.rs` | who is calling: an asserted principal or the caller's own credential |
 //! | `grpc/decisions.rs` | the `DecisionService` door (`Decide`, `ListVisible`) |
+//! | `authzen/` | the OpenID AuthZEN 1.0 door over HTTP/JSON (`--http-listen`) |
 //! | `grpc/policies.rs` | `PublishPolicy`, `GetActivePolicy`, `ListPolicyVersions`, `ActivatePolicy` |
 //! | `auth.rs` | bearer tokens and roles |
 //! | `audit/` | the group-commit writer (`mod.rs`) and its local spool (`spool.rs`) |
@@ -26,6 +27,7 @@
 pub mod active;
 pub mod audit;
 pub mod auth;
+pub mod authzen;
 pub mod bounds;
 pub mod config;
 pub mod connections;
@@ -139,6 +141,8 @@ pub enum StartError {
 pub struct Running {
     /// The bound addresses, in the order given (ports resolved).
     pub addrs: Vec<SocketAddr>,
+    /// The AuthZEN door's bound addresses (`--http-listen`), in the order given.
+    pub http_addrs: Vec<SocketAddr>,
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<(), String>>,
 }
@@ -272,6 +276,8 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
         addrs.push(bound);
         listeners.push(listener);
     }
+    // The AuthZEN door, when `--http-listen` is given: the same state, tokens and TLS.
+    let http = authzen::HttpServer::bind(state.clone(), &config, stopped.clone()).await?;
     // The connection cap, handshake deadline, TLS and idle watch are the acceptor's; keepalive
     // pings and the stream limit are hyper's (docs/decisions/0013).
     let acceptor = Acceptor::new(&config.connections, config.tls.as_ref()).map_err(StartError::Tls)?;
@@ -312,6 +318,12 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
     ));
     drop(state);
 
+    // Logged before `capgate serving`, the line that says the server is up.
+    let http_addrs = http.addrs.clone();
+    if !http.addrs.is_empty() {
+        let shown: Vec<String> = http.addrs.iter().map(ToString::to_string).collect();
+        tracing::info!(addresses = %shown.join(", "), tls = config.tls.is_some(), "serving AuthZEN");
+    }
     let shown: Vec<String> = addrs.iter().map(ToString::to_string).collect();
     tracing::info!(
         addresses = %shown.join(", "),
@@ -332,6 +344,9 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
                 let _ = signal.wait_for(|stop| *stop).await;
             })
             .await;
+        // The AuthZEN connections drain on the same signal; their records reach the writer
+        // before it is told to finish.
+        http.stopped().await;
         follower.abort();
         preparer.abort();
         refresher.abort();
@@ -343,7 +358,12 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
         }
         served.map_err(|error| format!("the server failed: {error}"))
     });
-    Ok(Running { addrs, stop, task })
+    Ok(Running {
+        addrs,
+        http_addrs,
+        stop,
+        task,
+    })
 }
 
 /// `serve --policy FILE`: published first when its content differs from the

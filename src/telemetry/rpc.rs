@@ -89,8 +89,20 @@ fn rpc_of(path: &str) -> Option<Rpc> {
 /// leaves (a call that then fails `UNAVAILABLE` is no decision).
 #[derive(Default)]
 struct Note {
-    /// The door, the outcome and the code of the decision the call answered.
-    decision: Mutex<Option<(&'static str, &'static str, &'static str)>>,
+    /// The door, the outcome and the code of each decision the call answered (one for `Decide`;
+    /// one per item of an AuthZEN batch).
+    decisions: Mutex<Vec<(&'static str, &'static str, &'static str)>>,
+}
+
+impl Note {
+    fn take(&self) -> Vec<(&'static str, &'static str, &'static str)> {
+        std::mem::take(
+            &mut *self
+                .decisions
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
 }
 
 tokio::task_local! {
@@ -172,12 +184,8 @@ where
             if is_server_error(status) {
                 span.record("otel.status_code", "error");
             }
-            let decision = note
-                .decision
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take();
-            let outcome = match (&decision, status) {
+            let decisions = note.take();
+            let outcome = match (decisions.first(), status) {
                 (Some((door, outcome, code)), 0) => {
                     metrics().decision(door, outcome, code);
                     Some(*outcome)
@@ -188,6 +196,63 @@ where
             result
         })
     }
+}
+
+/// One request through an HTTP door (AuthZEN): a span named after its route (a closed set the
+/// door passes, never the request's path), a child of the caller's `traceparent`, with the HTTP
+/// status once answered. Its decisions are counted, with their door, when the answer is a 200:
+/// like a gRPC call that fails after deciding, a request answered with an error decided nothing
+/// the gateway saw. Each item of a batch runs in a [`http_item`] span of its own.
+pub async fn http<F, B>(route: &'static str, headers: &http::HeaderMap, call: F) -> http::Response<B>
+where
+    F: Future<Output = http::Response<B>>,
+{
+    let span = tracing::info_span!(
+        "http",
+        otel.name = route,
+        otel.kind = "server",
+        otel.status_code = Empty,
+        http.request.method = "POST",
+        http.route = route,
+        http.response.status_code = Empty,
+        capgate.decision_id = Empty,
+        capgate.outcome = Empty,
+        capgate.code = Empty,
+        capgate.policy.revision = Empty,
+        capgate.policy.version = Empty,
+        capgate.visible.count = Empty,
+    );
+    if headers.contains_key("traceparent") {
+        let parent = TraceContextPropagator::new().extract(&Headers(headers));
+        let _ = span.set_parent(parent);
+    }
+    let note = Arc::new(Note::default());
+    let response = NOTE.scope(note.clone(), call.instrument(span.clone())).await;
+    let status = response.status().as_u16();
+    span.record("http.response.status_code", i64::from(status));
+    if status >= 500 {
+        span.record("otel.status_code", "error");
+    }
+    if status == 200 {
+        for (door, outcome, code) in note.take() {
+            metrics().decision(door, outcome, code);
+        }
+    }
+    response
+}
+
+/// The span of one item of an AuthZEN batch (`evaluations[index]`), inside the request's span:
+/// it holds that item's decision, as the request's span holds a single evaluation's.
+pub fn http_item(index: usize) -> Span {
+    tracing::info_span!(
+        "evaluation",
+        capgate.index = int(index),
+        capgate.decision_id = Empty,
+        capgate.outcome = Empty,
+        capgate.code = Empty,
+        capgate.policy.revision = Empty,
+        capgate.policy.version = Empty,
+    )
 }
 
 /// The status of a unary response: in the headers when the call failed (a "trailers-only"
@@ -255,10 +320,10 @@ pub fn decided(record: &AuditRecord) {
         span.record("capgate.policy.version", version.as_str());
     }
     let _ = NOTE.try_with(|note| {
-        *note
-            .decision
+        note.decisions
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((record.door.as_str(), outcome, code));
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((record.door.as_str(), outcome, code));
     });
 }
 
