@@ -179,7 +179,7 @@ impl<'a> Forwarded<'a> {
         let attributes = request.attributes.as_ref();
         let http = attributes.and_then(|attributes| attributes.request.as_ref()?.http.as_ref());
         let headers = Headers::of(http);
-        let mut fields = Fields::default();
+        let mut fields = Fields;
 
         let body = Body::read(http, &headers, &mut fields)?;
         let metadata =
@@ -364,7 +364,7 @@ impl<'a> Forwarded<'a> {
 /// The token of an `authorization: Bearer <token>` value (the scheme is case-insensitive).
 fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, token) = value.trim().split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+    scheme.eq_ignore_ascii_case("bearer").then_some(token.trim())
 }
 
 /// The forwarded headers: the `headers` map, or `header_map` when Envoy's `encode_raw_headers`
@@ -515,7 +515,6 @@ impl Body {
 }
 
 /// The bounds of the fields the door reads (`bounds.rs`): the first one over is the answer.
-#[derive(Default)]
 struct Fields;
 
 impl Fields {
