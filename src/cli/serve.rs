@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::service::config::Connections;
-use crate::service::{self, Config, ConfigError, PolicyFile, StartError, Tls, Token};
+use crate::service::{self, Config, ConfigError, ExtAuthzSettings, PolicyFile, StartError, Tls, Token};
 use crate::telemetry::{self, Telemetry, TelemetryError};
 
 use super::input::{Inputs, Loaded};
@@ -100,6 +100,13 @@ pub struct Args {
     /// An admin token (publish, activate, read policies), as for `--gateway-token`.
     #[arg(long, value_name = "NAME=REF")]
     pub admin_token: Vec<String>,
+    /// ext_authz: the forwarded request's header that carries a `static-key` issuer's key.
+    #[arg(long, value_name = "HEADER", default_value = "x-api-key")]
+    pub ext_authz_api_key_header: String,
+    /// ext_authz: an MCP method to let through without a decision, besides `initialize`,
+    /// `ping`, `tools/list` and `notifications/*`; repeat for several. Others are refused.
+    #[arg(long, value_name = "METHOD")]
+    pub ext_authz_allow_method: Vec<String>,
     /// The server's certificate chain (PEM): serve TLS.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -204,6 +211,25 @@ fn config(args: &Args, policy: Option<PolicyFile>) -> Result<Config, Failure> {
     config.gateway_tokens = tokens("--gateway-token", &args.gateway_token)?;
     config.asserting_gateway_tokens = tokens("--asserting-gateway-token", &args.asserting_gateway_token)?;
     config.admin_tokens = tokens("--admin-token", &args.admin_token)?;
+    if args
+        .ext_authz_allow_method
+        .iter()
+        .any(|method| method == "tools/call")
+    {
+        return Err(Failure::Usage(
+            "`--ext-authz-allow-method tools/call`: a tool call is always decided".to_owned(),
+        ));
+    }
+    if args.ext_authz_api_key_header.trim().is_empty() {
+        return Err(Failure::Usage(
+            "`--ext-authz-api-key-header`: must name a header".to_owned(),
+        ));
+    }
+    config.ext_authz = ExtAuthzSettings {
+        // Envoy forwards header names lower-case.
+        api_key_header: args.ext_authz_api_key_header.to_ascii_lowercase(),
+        allowed_methods: args.ext_authz_allow_method.clone(),
+    };
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         config.tls = Some(Tls {
             cert: read_bytes(cert)?,

@@ -24,6 +24,10 @@
 //! | `request_id` | 128 bytes |
 //! | `artifact`, `catalog` | 8 MiB each |
 //! | `comment` | 4096 bytes |
+//! | ext_authz: `mcp-method`, `mcp-name`, `x-mcp-*`, `context_extensions.mcp_server` | 512 bytes (as `tool`) |
+//! | ext_authz: `authorization`, the API-key header, `x-forwarded-client-cert`, `source.principal` | 16 KiB (as a credential) |
+//! | ext_authz: `x-request-id` | 128 bytes (as `request_id`) |
+//! | ext_authz: the forwarded JSON-RPC body | 1 MiB |
 
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
@@ -45,6 +49,9 @@ pub const MAX_REQUEST_ID: usize = 128;
 pub const MAX_ARTIFACT: usize = capgate_core::policy::document::MAX_ARTIFACT_BYTES;
 pub const MAX_CATALOG: usize = capgate_core::policy::document::MAX_ARTIFACT_BYTES;
 pub const MAX_COMMENT: usize = 4096;
+/// The largest JSON-RPC body the ext_authz door parses (Envoy's `max_request_bytes` should not
+/// exceed it): a `tools/call` with its arguments.
+pub const MAX_EXT_AUTHZ_BODY: usize = 1024 * 1024;
 /// The largest encoded request: an artifact and a catalog at their limits,
 /// plus room for the rest.
 pub const MAX_MESSAGE_BYTES: usize = MAX_ARTIFACT + MAX_CATALOG + 64 * 1024;
@@ -59,16 +66,8 @@ impl Check {
     /// A string within `limit` bytes and without U+0000. The value itself is
     /// never quoted: it may be a credential.
     fn text(&mut self, field: impl FnOnce() -> String, value: &str, limit: usize) {
-        if value.len() > limit {
-            self.violations.push(FieldViolation::new(
-                field(),
-                format!("{} bytes, more than the limit of {limit}", value.len()),
-            ));
-        } else if let Some(at) = value.find('\0') {
-            self.violations.push(FieldViolation::new(
-                field(),
-                format!("a NUL character (U+0000) at byte {at}, which the store cannot hold"),
-            ));
+        if let Some(problem) = violation(value, limit) {
+            self.violations.push(FieldViolation::new(field(), problem));
         }
     }
 
@@ -171,6 +170,19 @@ pub fn texts(fields: &[(&str, &str, usize)]) -> Result<(), Status> {
         check.text(|| (*field).to_owned(), value, *limit);
     }
     check.finish()
+}
+
+/// What is wrong with a string a caller sent, if anything: longer than `limit` bytes, or holding
+/// U+0000. The value itself is never quoted: it may be a credential. Doors that answer in their
+/// own protocol (ext_authz) name the field themselves.
+pub fn violation(value: &str, limit: usize) -> Option<String> {
+    if value.len() > limit {
+        Some(format!("{} bytes, more than the limit of {limit}", value.len()))
+    } else {
+        value
+            .find('\0')
+            .map(|at| format!("a NUL character (U+0000) at byte {at}, which the store cannot hold"))
+    }
 }
 
 pub fn decide(request: &DecideRequest) -> Result<(), Status> {

@@ -44,6 +44,27 @@ pub struct Config {
     pub oidc_roots: Vec<Vec<u8>>,
     /// How long connections may take and stay, and how many (docs/decisions/0013).
     pub connections: Connections,
+    /// How the ext_authz door reads a forwarded request.
+    pub ext_authz: ExtAuthzSettings,
+}
+
+/// How the ext_authz door reads a forwarded request (`--ext-authz-*`; src/service/grpc/ext_authz.rs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtAuthzSettings {
+    /// The header that carries a `static-key` issuer's key, lower-case as Envoy forwards it.
+    pub api_key_header: String,
+    /// MCP methods besides `initialize`, `ping`, `tools/list` and `notifications/*` that pass
+    /// without a decision; every other method but `tools/call` is refused.
+    pub allowed_methods: Vec<String>,
+}
+
+impl Default for ExtAuthzSettings {
+    fn default() -> Self {
+        ExtAuthzSettings {
+            api_key_header: "x-api-key".to_owned(),
+            allowed_methods: Vec::new(),
+        }
+    }
 }
 
 /// The bounds on the decision port's connections (`connections.rs` enforces them).
@@ -93,6 +114,7 @@ impl Config {
                 max_connections: None,
                 max_concurrent_streams: 256,
             },
+            ext_authz: ExtAuthzSettings::default(),
         }
     }
 

@@ -18,6 +18,7 @@
 //! | `identify.rs` | who is calling: an asserted principal or the caller's own credential |
 //! | `grpc/decisions.rs` | the `DecisionService` door (`Decide`, `ListVisible`) |
 //! | `authzen/` | the OpenID AuthZEN 1.0 door over HTTP/JSON (`--http-listen`) |
+//! | `grpc/ext_authz.rs` | Envoy's ext_authz door (`Authorization/Check`) |
 //! | `grpc/policies.rs` | `PublishPolicy`, `GetActivePolicy`, `ListPolicyVersions`, `ActivatePolicy` |
 //! | `auth.rs` | bearer tokens and roles |
 //! | `audit/` | the group-commit writer (`mod.rs`) and its local spool (`spool.rs`) |
@@ -56,9 +57,11 @@ use crate::wire::proto::policy_service_server::PolicyServiceServer;
 use active::{compile_text, Active, ActivePolicy, Compiled};
 use audit::{AuditOptions, AuditWriter};
 use auth::Tokens;
-pub use config::{Config, ConfigError, PolicyFile, Tls, Token};
+pub use config::{Config, ConfigError, ExtAuthzSettings, PolicyFile, Tls, Token};
 use connections::{Acceptor, StreamLayer};
+use envoy_types::pb::envoy::service::auth::v3::authorization_server::AuthorizationServer;
 use grpc::decisions::Decisions;
+use grpc::ext_authz::ExtAuthz;
 use grpc::ext_mcp::ExtMcpDoor;
 use grpc::policies::Policies;
 use pipeline::Turns;
@@ -309,6 +312,10 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
         .add_service(
             PolicyServiceServer::new(Policies::new(state.clone()))
                 .max_decoding_message_size(bounds::MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            AuthorizationServer::new(ExtAuthz::new(state.clone(), config.ext_authz.clone()))
+                .max_decoding_message_size(MAX_DECISION_MESSAGE),
         );
     // Spawned once nothing can fail any more, so a start that fails leaves
     // no task behind.

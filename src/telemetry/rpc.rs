@@ -43,7 +43,8 @@ struct Rpc {
     method: &'static str,
 }
 
-/// Every RPC the proto declares, by path (`/capgate.v1.DecisionService/Decide`).
+/// Every RPC the proto declares, by path (`/capgate.v1.DecisionService/Decide`), and Envoy's
+/// ext_authz `Check`.
 fn rpcs() -> &'static [(&'static str, Rpc)] {
     static RPCS: OnceLock<Vec<(&'static str, Rpc)>> = OnceLock::new();
     RPCS.get_or_init(|| {
@@ -74,6 +75,16 @@ fn rpcs() -> &'static [(&'static str, Rpc)] {
                 }
             }
         }
+        // The one RPC served from another proto: Envoy's ext_authz `Check`
+        // (src/service/grpc/ext_authz.rs), whose types come from the `envoy-types` crate.
+        found.push((
+            "/envoy.service.auth.v3.Authorization/Check",
+            Rpc {
+                name: "envoy.service.auth.v3.Authorization/Check",
+                service: "envoy.service.auth.v3.Authorization",
+                method: "Check",
+            },
+        ));
         found
     })
 }

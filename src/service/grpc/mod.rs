@@ -1,8 +1,10 @@
 //! The gRPC doors: capgate's own `capgate.v1.DecisionService` over the decision pipeline and
-//! `capgate.v1.PolicyService` for publishing, listing and activating versions, and agentgateway's
-//! ExtMCP callout over the same pipeline. Each converts protobuf in and out; the work is done in
-//! the rooms below.
+//! `capgate.v1.PolicyService` for publishing, listing and activating versions, and the callouts
+//! gateways already make — Envoy's `envoy.service.auth.v3.Authorization` (ext_authz) and
+//! agentgateway's ExtMCP — over the same pipeline. Each converts protobuf in and out; the work is
+//! done in the rooms below.
 
 pub mod decisions;
+pub mod ext_authz;
 pub mod ext_mcp;
 pub mod policies;

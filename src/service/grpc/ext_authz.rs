@@ -1,0 +1,841 @@
+//! Envoy's door: `envoy.service.auth.v3.Authorization/Check` (ext_authz v3), so that Envoy,
+//! Envoy Gateway, Istio (`CUSTOM`), kgateway and Kuadrant call capgate with no code of their own
+//! (docs/gateways/envoy.md, docs/decisions/0017-ext-authz.md).
+//!
+//! It lives next to `decisions.rs` because it is the same kind of door: a gRPC service on the
+//! same listener, behind the same gateway tokens, TLS, connection limits and RPC layer. Like every
+//! door it converts and adds nothing: the forwarded HTTP request becomes an [`Ask`] and a
+//! [`Target`], the pipeline decides and audits (`door = ext_authz`), and the answer becomes a
+//! `CheckResponse`.
+//!
+//! From the forwarded request:
+//!
+//! | what | where it is read, first found wins |
+//! |---|---|
+//! | MCP method | `mcp-method` header (MCP 2026-07-28), `mcp_proxy` metadata `method` (Envoy's MCP filter), `x-mcp-method` (Kuadrant), the JSON-RPC body |
+//! | tool name | `mcp-name` header, `mcp_proxy` metadata `params.name`, `x-mcp-toolname` (Kuadrant), the body's `params.name` |
+//! | server name (for an un-prefixed tool) | `context_extensions.mcp_server` (the route's), `x-mcp-servername` header |
+//! | caller | `authorization: Bearer …`, the API-key header (`--ext-authz-api-key-header`), `x-forwarded-client-cert`, `source.principal` |
+//! | `request_id` | `x-request-id`, else `request.http.id` |
+//!
+//! A body, when Envoy forwards it (`with_request_body`), is parsed as JSON-RPC and must agree
+//! with every header it overlaps: a request that says one thing to the router and another to
+//! the upstream is refused. Methods, failing closed: `tools/call` is decided; `initialize`,
+//! `ping`, `tools/list` and `notifications/*` pass without a decision (ext_authz cannot filter a
+//! response); any other method is refused unless `--ext-authz-allow-method` names it.
+//!
+//! Every refusal is an answered `CheckResponse` denial, never a gRPC error, so that it holds
+//! whatever the filter's `failure_mode_allow` says. The one exception is the gateway's own token:
+//! an unauthenticated gateway gets `UNAUTHENTICATED`, as on `Decide`.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction;
+use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption, Metadata};
+use envoy_types::pb::envoy::r#type::v3::{HttpStatus, StatusCode as HttpCode};
+use envoy_types::pb::envoy::service::auth::v3::attribute_context::HttpRequest;
+use envoy_types::pb::envoy::service::auth::v3::authorization_server::Authorization;
+use envoy_types::pb::envoy::service::auth::v3::check_response::HttpResponse;
+use envoy_types::pb::envoy::service::auth::v3::{
+    CheckRequest, CheckResponse, DeniedHttpResponse, OkHttpResponse,
+};
+use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value as ProtoValue};
+use envoy_types::pb::google::rpc;
+use prost::Message;
+use serde_json::{json, Value};
+use tonic::{Code, Request, Response, Status};
+
+use capgate_core::access::{Decision, Limits, ReasonCode, Standing};
+use capgate_core::capabilities::exposed_name;
+use capgate_core::principals::AuthProblem;
+
+use crate::identity::Presented;
+use crate::service::active::Active;
+use crate::service::auth::Role;
+use crate::service::bounds;
+use crate::service::config::ExtAuthzSettings as Settings;
+use crate::service::identify::Asked;
+use crate::service::pipeline::{self, Answer, Ask, Refusal, Replied, Target, Verdict};
+use crate::service::State;
+use crate::store::{Door, Store};
+
+/// The headers the door reads the MCP target from (lower-case, as Envoy forwards them).
+const MCP_METHOD: &str = "mcp-method";
+const MCP_NAME: &str = "mcp-name";
+const KUADRANT_METHOD: &str = "x-mcp-method";
+const KUADRANT_TOOL: &str = "x-mcp-toolname";
+const KUADRANT_SERVER: &str = "x-mcp-servername";
+/// The `context_extensions` key a route sets to name the MCP server behind it.
+const SERVER_EXTENSION: &str = "mcp_server";
+/// The dynamic metadata namespaces of Envoy's MCP filter: `mcp_proxy` is what the filter
+/// writes (and the MCP router reads by default); `envoy.filters.http.mcp` is how Envoy's
+/// well-known-metadata page names it.
+const MCP_METADATA: [&str; 2] = ["mcp_proxy", "envoy.filters.http.mcp"];
+const AUTHORIZATION: &str = "authorization";
+const CLIENT_CERT: &str = "x-forwarded-client-cert";
+const REQUEST_ID: &str = "x-request-id";
+/// Set by Envoy when `allow_partial_message` cut the body at `max_request_bytes`.
+const PARTIAL_BODY: &str = "x-envoy-auth-partial-body";
+
+/// Headers the door adds for the upstream hop on an allow (overwriting whatever the client sent).
+pub const DECISION_ID_HEADER: &str = "x-capgate-decision-id";
+pub const ACCOUNT_HEADER: &str = "x-capgate-account";
+
+/// The methods that pass without a decision: they read nothing a grant guards, and ext_authz
+/// sees only the request, so it cannot filter a listing's response.
+const PASSING: [&str; 3] = ["initialize", "ping", "tools/list"];
+const NOTIFICATIONS: &str = "notifications/";
+const TOOLS_CALL: &str = "tools/call";
+
+/// JSON-RPC error codes in the answer's body: MCP's own for an unknown tool ("Invalid params"),
+/// a server-defined one for every refusal by policy, and the standard ones for a bad request.
+const RPC_UNKNOWN_TOOL: i64 = -32602;
+const RPC_REFUSED: i64 = -32001;
+const RPC_INVALID_REQUEST: i64 = -32600;
+const RPC_PARSE_ERROR: i64 = -32700;
+
+/// The ext_authz service over a store.
+pub struct ExtAuthz<S: Store> {
+    state: Arc<State<S>>,
+    settings: Arc<Settings>,
+}
+
+impl<S: Store> ExtAuthz<S> {
+    pub fn new(state: Arc<State<S>>, settings: Settings) -> Self {
+        ExtAuthz {
+            state,
+            settings: Arc::new(settings),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl<S: Store> Authorization for ExtAuthz<S> {
+    async fn check(&self, request: Request<CheckRequest>) -> Result<Response<CheckResponse>, Status> {
+        let gateway = self.state.tokens.authorize(request.metadata(), Role::Gateway)?;
+        let request = request.into_inner();
+        let forwarded = match Forwarded::read(&request, &self.settings) {
+            Ok(forwarded) => forwarded,
+            Err(rejected) => return Ok(Response::new(rejected.response())),
+        };
+        let rpc_id = forwarded.rpc_id.clone();
+        let tool = match forwarded.class(&self.settings) {
+            Class::Pass => return Ok(Response::new(passed())),
+            Class::Refused(rejected) => return Ok(Response::new(rejected.response())),
+            Class::Decide(tool) => tool,
+        };
+        let active = match pipeline::current(&self.state) {
+            Ok(active) => active,
+            Err(refusal) => return Ok(Response::new(refused(&refusal, &rpc_id))),
+        };
+        let ask = Ask {
+            gateway: &gateway,
+            caller: forwarded.caller(),
+            request_id: forwarded.request_id,
+            door: Door::ExtAuthz,
+        };
+        let encode = |answer: &Answer<'_>| response(answer, &rpc_id).encode_to_vec();
+        let replied = match pipeline::decide(&self.state, &active, ask, Target::Tool(&tool), &encode).await {
+            Ok(replied) => replied,
+            Err(refusal) => return Ok(Response::new(refused(&refusal, &rpc_id))),
+        };
+        match replied {
+            Replied::Fresh(answer) => Ok(Response::new(response(&answer, &rpc_id))),
+            Replied::Replayed(bytes) => CheckResponse::decode(bytes.as_slice())
+                .map(Response::new)
+                .map_err(|error| {
+                    tracing::error!(%error, "a remembered ext_authz response does not decode");
+                    Status::internal("the remembered answer to this x-request-id cannot be read")
+                }),
+        }
+    }
+}
+
+/// What the door read from a `CheckRequest`, borrowed from it; every field within its bound.
+struct Forwarded<'a> {
+    method: Option<Cow<'a, str>>,
+    /// The tool as the client named it, resolved against the server name to the exposed name.
+    tool: Option<Cow<'a, str>>,
+    /// From `authorization: Bearer …`; another scheme counts as no bearer token.
+    bearer: Option<&'a str>,
+    api_key: Option<&'a str>,
+    certificate: Option<&'a str>,
+    request_id: Option<&'a str>,
+    /// The JSON-RPC `id` of the body, echoed in an error body.
+    rpc_id: Value,
+}
+
+/// How a request is answered, by its MCP method.
+enum Class {
+    Pass,
+    Refused(Rejected),
+    Decide(String),
+}
+
+impl<'a> Forwarded<'a> {
+    fn read(request: &'a CheckRequest, settings: &Settings) -> Result<Forwarded<'a>, Rejected> {
+        let attributes = request.attributes.as_ref();
+        let http = attributes.and_then(|attributes| attributes.request.as_ref()?.http.as_ref());
+        let headers = Headers::of(http);
+        let mut fields = Fields;
+
+        let body = Body::read(http, &headers, &mut fields)?;
+        let metadata =
+            attributes.and_then(|attributes| McpMetadata::of(attributes.metadata_context.as_ref()));
+
+        let server = attributes
+            .and_then(|attributes| attributes.context_extensions.get(SERVER_EXTENSION))
+            .map(|server| ("context_extensions.mcp_server", server.as_str()))
+            .or_else(|| {
+                headers
+                    .get(KUADRANT_SERVER)
+                    .map(|server| (KUADRANT_SERVER, server))
+            });
+        let server = match server {
+            Some((field, value)) => Some(fields.target(field, value)?),
+            None => None,
+        }
+        // Kuadrant names a server `<namespace>/<name>`; the upstream id is the name.
+        .map(|server| server.rsplit('/').next().unwrap_or(server))
+        .filter(|server| !server.is_empty());
+
+        // The first source that names the method (or the tool) wins; the body is checked against it.
+        let mut method: Option<(&str, Cow<'a, str>)> = None;
+        for (field, value) in [
+            (MCP_METHOD, headers.get(MCP_METHOD).map(Cow::Borrowed)),
+            (
+                "metadata_context.mcp_proxy.method",
+                metadata.as_ref().and_then(|m| m.method.clone()),
+            ),
+            (KUADRANT_METHOD, headers.get(KUADRANT_METHOD).map(Cow::Borrowed)),
+        ] {
+            if let (None, Some(value)) = (&method, value) {
+                fields.target(field, &value)?;
+                method = Some((field, value));
+            }
+        }
+        let mut tool: Option<(&str, Cow<'a, str>)> = None;
+        for (field, value) in [
+            (MCP_NAME, headers.get(MCP_NAME).map(Cow::Borrowed)),
+            (
+                "metadata_context.mcp_proxy.params.name",
+                metadata.as_ref().and_then(|m| m.name.clone()),
+            ),
+            (KUADRANT_TOOL, headers.get(KUADRANT_TOOL).map(Cow::Borrowed)),
+        ] {
+            if let (None, Some(value)) = (&tool, value) {
+                fields.target(field, &value)?;
+                tool = Some((field, value));
+            }
+        }
+        let resolve = |name: Cow<'a, str>| -> Cow<'a, str> {
+            match server {
+                Some(server) if !name.starts_with(&format!("{server}__")) => {
+                    Cow::Owned(exposed_name(server, &name))
+                }
+                _ => name,
+            }
+        };
+        let mut rpc_id = Value::Null;
+        if let Some(body) = body {
+            rpc_id = body.id.clone();
+            if let (Some((field, said)), Some(parsed)) = (&method, &body.method) {
+                if said != parsed {
+                    return Err(Rejected::disagreement(field, "method", &rpc_id));
+                }
+            }
+            method = method.or(body.method.map(|parsed| ("body", Cow::Owned(parsed))));
+            if let (Some((field, said)), Some(parsed)) = (&tool, &body.name) {
+                if resolve(said.clone()) != resolve(Cow::Owned(parsed.clone())) {
+                    return Err(Rejected::disagreement(field, "params.name", &rpc_id));
+                }
+            }
+            if tool.is_none() {
+                if let Some(name) = body.name {
+                    fields.target("body.params.name", &name)?;
+                    tool = Some(("body", Cow::Owned(name)));
+                }
+            }
+        }
+
+        let bearer = match headers.get(AUTHORIZATION) {
+            Some(value) => {
+                fields.credential(AUTHORIZATION, value)?;
+                bearer_token(value)
+            }
+            None => None,
+        };
+        let api_key = headers.get(&settings.api_key_header);
+        if let Some(key) = api_key {
+            fields.credential(&settings.api_key_header, key)?;
+        }
+        let certificate = headers
+            .get(CLIENT_CERT)
+            .map(|value| (CLIENT_CERT, value))
+            .or_else(|| {
+                attributes
+                    .and_then(|attributes| attributes.source.as_ref())
+                    .map(|source| source.principal.as_str())
+                    .filter(|principal| !principal.is_empty())
+                    .map(|principal| ("source.principal", principal))
+            });
+        if let Some((field, value)) = certificate {
+            fields.credential(field, value)?;
+        }
+        let request_id = headers.get(REQUEST_ID).map(|id| (REQUEST_ID, id)).or_else(|| {
+            http.map(|http| http.id.as_str())
+                .filter(|id| !id.is_empty())
+                .map(|id| ("request.http.id", id))
+        });
+        if let Some((field, id)) = request_id {
+            fields.text(field, id, bounds::MAX_REQUEST_ID)?;
+        }
+        Ok(Forwarded {
+            method: method.map(|(_, method)| method),
+            tool: tool.map(|(_, name)| resolve(name)),
+            bearer,
+            api_key,
+            certificate: certificate.map(|(_, value)| value),
+            request_id: request_id.map(|(_, id)| id),
+            rpc_id,
+        })
+    }
+
+    /// The method policy, failing closed.
+    fn class(&self, settings: &Settings) -> Class {
+        let Some(method) = self.method.as_deref() else {
+            return Class::Refused(Rejected::new(
+                HttpCode::Forbidden,
+                Code::PermissionDenied,
+                RPC_INVALID_REQUEST,
+                "no MCP method: send `mcp-method` (MCP 2026-07-28), run Envoy's MCP filter, or forward \
+                 the JSON-RPC body (`with_request_body`)"
+                    .to_owned(),
+                &self.rpc_id,
+            ));
+        };
+        if method == TOOLS_CALL {
+            return match &self.tool {
+                Some(tool) => Class::Decide(tool.to_string()),
+                None => Class::Refused(Rejected::new(
+                    HttpCode::BadRequest,
+                    Code::InvalidArgument,
+                    RPC_INVALID_REQUEST,
+                    "`mcp-name`: required for `tools/call` (or `params.name` in the forwarded body)"
+                        .to_owned(),
+                    &self.rpc_id,
+                )),
+            };
+        }
+        if PASSING.contains(&method)
+            || method.starts_with(NOTIFICATIONS)
+            || settings.allowed_methods.iter().any(|allowed| allowed == method)
+        {
+            return Class::Pass;
+        }
+        Class::Refused(Rejected::new(
+            HttpCode::Forbidden,
+            Code::PermissionDenied,
+            RPC_REFUSED,
+            format!(
+                "MCP method `{method}` is not allowed through ext_authz: only `tools/call` is decided; \
+                 allow others with `--ext-authz-allow-method`"
+            ),
+            &self.rpc_id,
+        ))
+    }
+
+    /// The caller's credential: a bearer token, else an API key, else a client certificate.
+    fn caller(&self) -> Asked<'a> {
+        let presented = self
+            .bearer
+            .map(Presented::BearerToken)
+            .or(self.api_key.map(Presented::ApiKey))
+            .or(self.certificate.map(Presented::ClientCertificate));
+        Asked::Credential {
+            presented,
+            hint: None,
+        }
+    }
+}
+
+/// The token of an `authorization: Bearer <token>` value (the scheme is case-insensitive).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token.trim())
+}
+
+/// The forwarded headers: the `headers` map, or `header_map` when Envoy's `encode_raw_headers`
+/// is on. Names are lower-case either way.
+enum Headers<'a> {
+    Map(&'a HashMap<String, String>),
+    Raw(&'a [HeaderValue]),
+    None,
+}
+
+impl<'a> Headers<'a> {
+    fn of(http: Option<&'a HttpRequest>) -> Headers<'a> {
+        match http {
+            None => Headers::None,
+            Some(http) => match &http.header_map {
+                Some(map) if http.headers.is_empty() => Headers::Raw(&map.headers),
+                _ => Headers::Map(&http.headers),
+            },
+        }
+    }
+
+    /// A header's value; an empty one counts as absent. A raw value that is not UTF-8 is absent
+    /// too: no header the door reads can be binary.
+    fn get(&self, name: &str) -> Option<&'a str> {
+        let value = match self {
+            Headers::Map(map) => map.get(name).map(String::as_str),
+            Headers::Raw(raw) => raw
+                .iter()
+                .find(|header| header.key.eq_ignore_ascii_case(name))
+                .and_then(|header| match header.value.is_empty() {
+                    false => Some(header.value.as_str()),
+                    true => std::str::from_utf8(&header.raw_value).ok(),
+                }),
+            Headers::None => None,
+        };
+        value.filter(|value| !value.is_empty())
+    }
+}
+
+/// What Envoy's MCP filter wrote about the request.
+struct McpMetadata<'a> {
+    method: Option<Cow<'a, str>>,
+    name: Option<Cow<'a, str>>,
+}
+
+impl<'a> McpMetadata<'a> {
+    fn of(metadata: Option<&'a Metadata>) -> Option<McpMetadata<'a>> {
+        let fields = MCP_METADATA
+            .iter()
+            .find_map(|namespace| metadata?.filter_metadata.get(*namespace))?;
+        let text = |value: &'a ProtoValue| match &value.kind {
+            Some(Kind::StringValue(text)) => Some(Cow::Borrowed(text.as_str())),
+            _ => None,
+        };
+        let name = fields.fields.get("params").and_then(|params| match &params.kind {
+            Some(Kind::StructValue(params)) => params.fields.get("name").and_then(text),
+            _ => None,
+        });
+        Some(McpMetadata {
+            method: fields.fields.get("method").and_then(text),
+            name,
+        })
+    }
+}
+
+/// A forwarded JSON-RPC request: what it says about the target.
+struct Body {
+    method: Option<String>,
+    name: Option<String>,
+    id: Value,
+}
+
+impl Body {
+    /// The body, when Envoy forwarded one; refused when it is cut, too big, or not a JSON-RPC
+    /// request.
+    fn read(
+        http: Option<&HttpRequest>,
+        headers: &Headers<'_>,
+        fields: &mut Fields,
+    ) -> Result<Option<Body>, Rejected> {
+        let Some(http) = http else { return Ok(None) };
+        let bytes = if http.raw_body.is_empty() {
+            http.body.as_bytes()
+        } else {
+            http.raw_body.as_slice()
+        };
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        fields.body(bytes.len())?;
+        if headers.get(PARTIAL_BODY) == Some("true") {
+            return Err(Rejected::new(
+                HttpCode::PayloadTooLarge,
+                Code::InvalidArgument,
+                RPC_INVALID_REQUEST,
+                "`request.http.body`: cut at the filter's `max_request_bytes` (`allow_partial_message`), so \
+                 it cannot be checked; raise `max_request_bytes` or turn `allow_partial_message` off"
+                    .to_owned(),
+                &Value::Null,
+            ));
+        }
+        let parsed: Value = serde_json::from_slice(bytes).map_err(|error| {
+            Rejected::new(
+                HttpCode::BadRequest,
+                Code::InvalidArgument,
+                RPC_PARSE_ERROR,
+                format!(
+                    "`request.http.body`: not JSON (line {}, column {})",
+                    error.line(),
+                    error.column()
+                ),
+                &Value::Null,
+            )
+        })?;
+        let Value::Object(message) = parsed else {
+            return Err(Rejected::new(
+                HttpCode::BadRequest,
+                Code::InvalidArgument,
+                RPC_INVALID_REQUEST,
+                "`request.http.body`: not a JSON-RPC request object (batches are not part of MCP)".to_owned(),
+                &Value::Null,
+            ));
+        };
+        let id = match message.get("id") {
+            Some(id @ (Value::String(_) | Value::Number(_))) => id.clone(),
+            _ => Value::Null,
+        };
+        let text = |value: Option<&Value>, field: &str| -> Result<Option<String>, Rejected> {
+            match value {
+                None => Ok(None),
+                Some(Value::String(text)) => Ok(Some(text.clone())),
+                Some(_) => Err(Rejected::new(
+                    HttpCode::BadRequest,
+                    Code::InvalidArgument,
+                    RPC_INVALID_REQUEST,
+                    format!("`request.http.body`: `{field}` is not a string"),
+                    &id,
+                )),
+            }
+        };
+        let method = text(message.get("method"), "method")?;
+        let name = text(
+            message.get("params").and_then(|params| params.get("name")),
+            "params.name",
+        )?;
+        Ok(Some(Body { method, name, id }))
+    }
+}
+
+/// The bounds of the fields the door reads (`bounds.rs`): the first one over is the answer.
+struct Fields;
+
+impl Fields {
+    fn text(&mut self, field: &str, value: &str, limit: usize) -> Result<(), Rejected> {
+        match bounds::violation(value, limit) {
+            None => Ok(()),
+            Some(problem) => Err(Rejected::new(
+                HttpCode::BadRequest,
+                Code::InvalidArgument,
+                RPC_INVALID_REQUEST,
+                format!("`{field}`: {problem}"),
+                &Value::Null,
+            )),
+        }
+    }
+
+    fn target<'v>(&mut self, field: &str, value: &'v str) -> Result<&'v str, Rejected> {
+        self.text(field, value, bounds::MAX_TARGET).map(|()| value)
+    }
+
+    fn credential(&mut self, field: &str, value: &str) -> Result<(), Rejected> {
+        self.text(field, value, bounds::MAX_CREDENTIAL)
+    }
+
+    fn body(&mut self, length: usize) -> Result<(), Rejected> {
+        if length > bounds::MAX_EXT_AUTHZ_BODY {
+            return Err(Rejected::new(
+                HttpCode::PayloadTooLarge,
+                Code::InvalidArgument,
+                RPC_INVALID_REQUEST,
+                format!(
+                    "`request.http.body`: {length} bytes, more than the limit of {}",
+                    bounds::MAX_EXT_AUTHZ_BODY
+                ),
+                &Value::Null,
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A request refused before any decision: nothing is audited (as a `Decide` over its bounds).
+struct Rejected {
+    http: HttpCode,
+    grpc: Code,
+    rpc_code: i64,
+    message: String,
+    rpc_id: Value,
+}
+
+impl Rejected {
+    fn new(http: HttpCode, grpc: Code, rpc_code: i64, message: String, rpc_id: &Value) -> Rejected {
+        Rejected {
+            http,
+            grpc,
+            rpc_code,
+            message,
+            rpc_id: rpc_id.clone(),
+        }
+    }
+
+    fn disagreement(field: &str, body_field: &str, rpc_id: &Value) -> Rejected {
+        Rejected::new(
+            HttpCode::Forbidden,
+            Code::PermissionDenied,
+            RPC_INVALID_REQUEST,
+            format!("`{field}` disagrees with the JSON-RPC body's `{body_field}`"),
+            rpc_id,
+        )
+    }
+
+    fn response(self) -> CheckResponse {
+        let body = json!({
+            "jsonrpc": "2.0",
+            "id": self.rpc_id,
+            "error": { "code": self.rpc_code, "message": self.message },
+        });
+        denied(self.grpc, &self.message, self.http, Vec::new(), &body, None)
+    }
+}
+
+/// An allowed request that needs no decision.
+fn passed() -> CheckResponse {
+    CheckResponse {
+        status: Some(rpc::Status {
+            code: Code::Ok as i32,
+            ..Default::default()
+        }),
+        http_response: Some(HttpResponse::OkResponse(OkHttpResponse::default())),
+        ..Default::default()
+    }
+}
+
+/// No answer could be had (no active version, keys or audit out of reach; a gateway not trusted
+/// to forward a certificate): a denial, so that the request fails closed.
+fn refused(refusal: &Refusal, rpc_id: &Value) -> CheckResponse {
+    let (http, grpc, headers) = match refusal {
+        Refusal::PermissionDenied(_) => (HttpCode::Forbidden, Code::PermissionDenied, Vec::new()),
+        Refusal::Unavailable(_) => (
+            HttpCode::ServiceUnavailable,
+            Code::Unavailable,
+            vec![header("retry-after", "1")],
+        ),
+    };
+    let message = refusal.to_string();
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": rpc_id,
+        "error": { "code": RPC_REFUSED, "message": message },
+    });
+    denied(grpc, &message, http, headers, &body, None)
+}
+
+/// The pipeline's answer as a `CheckResponse`.
+fn response(answer: &Answer<'_>, rpc_id: &Value) -> CheckResponse {
+    let Answer {
+        decision_id,
+        at_ms,
+        active,
+        verdict,
+    } = answer;
+    let mut metadata = vec![
+        ("decision_id", text(decision_id)),
+        ("policy_version", text(&active.version)),
+        ("policy_revision", number(active.revision as f64)),
+    ];
+    let error = |rpc_code: i64, message: String, code: &str, pointer: &str| {
+        json!({
+            "jsonrpc": "2.0",
+            "id": rpc_id,
+            "error": {
+                "code": rpc_code,
+                "message": message,
+                "data": {
+                    "decision_id": decision_id,
+                    "code": code,
+                    "pointer": pointer,
+                    "policy_version": active.version,
+                },
+            },
+        })
+    };
+    match verdict {
+        Verdict::Unauthenticated(problem) => {
+            let code = problem.as_str();
+            metadata.extend([("outcome", text("unauthenticated")), ("code", text(code))]);
+            let challenge = match problem {
+                AuthProblem::CredentialMissing => "Bearer".to_owned(),
+                _ => format!("Bearer error=\"invalid_token\", error_description=\"{code}\""),
+            };
+            let body = error(
+                RPC_REFUSED,
+                format!("the caller is not authenticated: {code}"),
+                code,
+                "",
+            );
+            denied(
+                Code::Unauthenticated,
+                code,
+                HttpCode::Unauthorized,
+                vec![header("www-authenticate", &challenge)],
+                &body,
+                Some(metadata),
+            )
+        }
+        Verdict::UnknownTool(name) => {
+            metadata.extend([("outcome", text("unknown_tool")), ("code", text("unknown_tool"))]);
+            let body = error(
+                RPC_UNKNOWN_TOOL,
+                format!("unknown tool `{name}`: not in the active catalog"),
+                "unknown_tool",
+                "",
+            );
+            denied(
+                Code::NotFound,
+                "unknown tool",
+                HttpCode::Forbidden,
+                Vec::new(),
+                &body,
+                Some(metadata),
+            )
+        }
+        Verdict::Decided(decided) => {
+            let reason = decided.decision.reason();
+            let code = reason.code.as_str();
+            metadata.extend([("code", text(code)), ("pointer", text(reason.path))]);
+            match &decided.decision {
+                Decision::Allow(allow) => {
+                    metadata.extend([("outcome", text("allow")), ("account", text(&allow.account.id))]);
+                    let mut ok = OkHttpResponse {
+                        headers: vec![
+                            header(DECISION_ID_HEADER, decision_id),
+                            header(ACCOUNT_HEADER, &allow.account.id),
+                        ],
+                        ..Default::default()
+                    };
+                    if let (Some(limits), Some(standing)) = (allow.limits, decided.standing) {
+                        ok.response_headers_to_add = rate_limit(limits, standing, *at_ms);
+                    }
+                    CheckResponse {
+                        status: Some(rpc::Status {
+                            code: Code::Ok as i32,
+                            ..Default::default()
+                        }),
+                        http_response: Some(HttpResponse::OkResponse(ok)),
+                        dynamic_metadata: Some(structure(metadata)),
+                    }
+                }
+                Decision::Deny(_) => {
+                    metadata.push(("outcome", text("deny")));
+                    let (http, grpc, headers) = match reason.code {
+                        ReasonCode::LimitExhausted => (
+                            HttpCode::TooManyRequests,
+                            Code::ResourceExhausted,
+                            retry_after(active, reason.path).into_iter().collect(),
+                        ),
+                        ReasonCode::UsageUnknown => (
+                            HttpCode::ServiceUnavailable,
+                            Code::Unavailable,
+                            vec![header("retry-after", "1")],
+                        ),
+                        _ => (HttpCode::Forbidden, Code::PermissionDenied, Vec::new()),
+                    };
+                    let body = error(RPC_REFUSED, format!("denied: {code}"), code, reason.path);
+                    denied(grpc, code, http, headers, &body, Some(metadata))
+                }
+            }
+        }
+    }
+}
+
+/// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers) for the client:
+/// the ceiling, and what is left of it after this call.
+fn rate_limit(limits: &Limits, standing: Standing, at_ms: i64) -> Vec<HeaderValueOption> {
+    let window_s = limits.window_ms.div_ceil(1000);
+    let reset_s = (standing.resets_at - at_ms).max(0).unsigned_abs().div_ceil(1000);
+    vec![
+        header(
+            "ratelimit-policy",
+            &format!("\"capgate\";q={};w={window_s}", limits.calls),
+        ),
+        header(
+            "ratelimit",
+            &format!("\"capgate\";r={};t={reset_s}", standing.remaining),
+        ),
+    ]
+}
+
+/// `Retry-After` for an exhausted ceiling: the window of the grant the reason points at. A
+/// denial carries no counter, so this is an upper bound: the window ends within it.
+fn retry_after(active: &Active, pointer: &str) -> Option<HeaderValueOption> {
+    let limits = active
+        .policy
+        .ruleset
+        .grants()
+        .iter()
+        .find(|grant| grant.path == pointer)?
+        .limits
+        .as_ref()?;
+    Some(header(
+        "retry-after",
+        &limits.window_ms.div_ceil(1000).to_string(),
+    ))
+}
+
+fn denied(
+    grpc: Code,
+    message: &str,
+    http: HttpCode,
+    mut headers: Vec<HeaderValueOption>,
+    body: &Value,
+    metadata: Option<Vec<(&'static str, ProtoValue)>>,
+) -> CheckResponse {
+    headers.push(header("content-type", "application/json"));
+    CheckResponse {
+        status: Some(rpc::Status {
+            code: grpc as i32,
+            message: message.to_owned(),
+            details: Vec::new(),
+        }),
+        http_response: Some(HttpResponse::DeniedResponse(DeniedHttpResponse {
+            status: Some(HttpStatus { code: http as i32 }),
+            headers,
+            body: body.to_string(),
+        })),
+        dynamic_metadata: metadata.map(structure),
+    }
+}
+
+/// A header set on the request (or the response), replacing any the client sent of that name.
+fn header(key: &str, value: &str) -> HeaderValueOption {
+    HeaderValueOption {
+        header: Some(HeaderValue {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            raw_value: Vec::new(),
+        }),
+        append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
+        ..Default::default()
+    }
+}
+
+fn text(value: &str) -> ProtoValue {
+    ProtoValue {
+        kind: Some(Kind::StringValue(value.to_owned())),
+    }
+}
+
+fn number(value: f64) -> ProtoValue {
+    ProtoValue {
+        kind: Some(Kind::NumberValue(value)),
+    }
+}
+
+/// The dynamic metadata Envoy files under the ext_authz filter's namespace, for access logs and
+/// later filters.
+fn structure(fields: Vec<(&'static str, ProtoValue)>) -> Struct {
+    Struct {
+        fields: fields
+            .into_iter()
+            .map(|(key, value)| (key.to_owned(), value))
+            .collect(),
+    }
+}

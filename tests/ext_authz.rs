@@ -1,0 +1,877 @@
+//! Envoy's ext_authz door (issue 11): the real `capgate serve` binary, called with the
+//! `envoy.service.auth.v3.Authorization` client generated from Envoy's own proto (the
+//! `envoy-types` crate), over a fresh PostgreSQL database each. Every reason code a tool call can
+//! get, each credential kind, each method class, each place the target can come from, a body
+//! that disagrees with its headers, oversize fields, a bad token and an idempotent retry; the
+//! audit rows (`door = ext_authz`) and the metrics are read back, and no credential or secret
+//! comes back in an answer or a log line.
+
+mod support;
+
+use std::collections::HashMap;
+
+use capgate::store::{AuditFilter, AuditRecord, Door, RecordOutcome, Store};
+use envoy_types::pb::envoy::config::core::v3::Metadata;
+use envoy_types::pb::envoy::service::auth::v3::attribute_context::{
+    HttpRequest, Peer, Request as HttpAttributes,
+};
+use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
+use envoy_types::pb::envoy::service::auth::v3::check_response::HttpResponse;
+use envoy_types::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest, CheckResponse};
+use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value as ProtoValue};
+use serde_json::{json, Value};
+use support::oidc::{KeyType, OidcProvider, AUDIENCE};
+use support::otlp::{http_get, metrics_addr, prometheus_value};
+use support::postgres::TestDatabase;
+use support::process::Serve;
+use tonic::transport::Channel;
+use tonic::{Code, Request};
+
+/// Strings that must never come back.
+const STATIC_KEY: &str = "sentinel-extauthz-static-key-41c2";
+const ACCOUNT_SECRET: &str = "sentinel-extauthz-account-secret-77aa";
+const GATEWAY_TOKEN: &str = "sentinel-extauthz-gateway-token-0b0b";
+const TRUSTED_TOKEN: &str = "sentinel-extauthz-trusted-token-1c1c";
+
+/// One issuer of each kind; a grant per reason code a tool call can get.
+fn policy(discovery: &str) -> String {
+    format!(
+        r#"version: 1
+capabilities:
+  - id: billing.refund.create
+  - id: docs.page.search
+  - id: deploy.release.approve
+  - id: ops.restart.run
+upstreams:
+  - id: payments
+    transport: {{ kind: mcp-http, url: "https://payments.example.net/mcp" }}
+    tools:
+      - {{ name: refund, capability: billing.refund.create }}
+  - id: knowledge
+    transport: {{ kind: mcp-http, url: "https://knowledge.example.net/mcp" }}
+    tools:
+      - {{ name: search, capability: docs.page.search }}
+      - {{ name: approve, capability: deploy.release.approve }}
+  - id: ops
+    transport: {{ kind: mcp-http, url: "https://ops.example.net/mcp" }}
+    tools:
+      - {{ name: restart, capability: ops.restart.run }}
+accounts:
+  - id: billing-svc
+    secret: {{ ref: "env://EXTAUTHZ_ACCOUNT_SECRET" }}
+  - id: docs-svc
+    secret: {{ ref: "env://EXTAUTHZ_ACCOUNT_SECRET" }}
+  - id: release-robot
+    disabled: true
+    secret: {{ ref: "env://EXTAUTHZ_ACCOUNT_SECRET" }}
+  - id: ops-a
+    secret: {{ ref: "env://EXTAUTHZ_ACCOUNT_SECRET" }}
+principals:
+  issuers:
+    - id: corp
+      kind: oidc
+      discovery: "{discovery}"
+      audience: {AUDIENCE}
+      attributes: {{ team: "claim:team" }}
+    - id: batch
+      kind: static-key
+      subject: nightly
+      secret: {{ ref: "env://EXTAUTHZ_STATIC_KEY" }}
+      attributes: {{ role: batch, env: prod }}
+    - id: edge
+      kind: mtls
+      attributes: {{ unit: "dn:OU" }}
+grants:
+  - to: {{ issuer: corp, attributes: {{ team: billing }} }}
+    capabilities: [billing.refund.create]
+    using: billing-svc
+  - to: {{ issuer: corp }}
+    capabilities: [docs.page.search]
+    using: docs-svc
+    limits: {{ calls: 2, per: 1h }}
+  - to: {{ issuer: corp }}
+    capabilities: [deploy.release.approve]
+    using: release-robot
+  - to: {{ issuer: batch, attributes: {{ role: batch }} }}
+    capabilities: [ops.restart.run]
+    using: ops-a
+  - to: {{ issuer: batch }}
+    capabilities: [docs.page.search]
+    using: docs-svc
+  - to: {{ issuer: edge, attributes: {{ unit: payments }} }}
+    capabilities: [billing.refund.create]
+    using: billing-svc
+"#
+    )
+}
+
+/// A server over a fresh PostgreSQL database, with a plain gateway token and a trusted one.
+struct World {
+    idp: OidcProvider,
+    serve: Serve,
+    database: TestDatabase,
+    _dir: tempfile::TempDir,
+}
+
+impl World {
+    /// `None` when the PostgreSQL tests are skipped (no `DATABASE_URL`).
+    async fn start(extra: &[&str]) -> Option<World> {
+        let database = TestDatabase::create().await?;
+        let idp = OidcProvider::start().await;
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let policy_file = dir.path().join("policy.yaml");
+        std::fs::write(&policy_file, policy(&idp.discovery_url())).expect("write the policy");
+        let url = database.url();
+        let mut args = vec![
+            "--database-url",
+            &url,
+            "--policy",
+            policy_file.to_str().expect("a UTF-8 path"),
+            "--gateway-token",
+            "envoy=env://EXTAUTHZ_GATEWAY_TOKEN",
+            "--asserting-gateway-token",
+            "istio-ingress=env://EXTAUTHZ_TRUSTED_TOKEN",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ];
+        args.extend_from_slice(extra);
+        let serve = Serve::start_with_env(
+            &args,
+            &[
+                ("CAPGATE_LOG", "debug"),
+                ("EXTAUTHZ_STATIC_KEY", STATIC_KEY),
+                ("EXTAUTHZ_ACCOUNT_SECRET", ACCOUNT_SECRET),
+                ("EXTAUTHZ_GATEWAY_TOKEN", GATEWAY_TOKEN),
+                ("EXTAUTHZ_TRUSTED_TOKEN", TRUSTED_TOKEN),
+            ],
+        )
+        .await;
+        Some(World {
+            idp,
+            serve,
+            database,
+            _dir: dir,
+        })
+    }
+
+    async fn client(&self) -> AuthorizationClient<Channel> {
+        AuthorizationClient::new(self.serve.channel().await)
+    }
+
+    /// `Check` as the plain gateway (`envoy`).
+    async fn check(&self, request: CheckRequest) -> CheckResponse {
+        self.check_as(request, GATEWAY_TOKEN).await
+    }
+
+    async fn check_as(&self, request: CheckRequest, token: &str) -> CheckResponse {
+        self.client()
+            .await
+            .check(as_gateway(request, token))
+            .await
+            .expect("an answered Check")
+            .into_inner()
+    }
+
+    fn token(&self, subject: &str, team: &str) -> String {
+        let mut claims = self.idp.claims(subject);
+        claims["team"] = json!(team);
+        self.idp.mint(&self.idp.kid(KeyType::Rsa), &claims)
+    }
+
+    async fn audit(&self) -> Vec<AuditRecord> {
+        self.database
+            .store()
+            .await
+            .query_audit(&AuditFilter {
+                limit: 10_000,
+                ..AuditFilter::default()
+            })
+            .await
+            .expect("read the audit trail")
+    }
+
+    async fn record(&self, decision_id: &str) -> AuditRecord {
+        self.audit()
+            .await
+            .into_iter()
+            .find(|record| record.decision_id == decision_id)
+            .unwrap_or_else(|| panic!("no audit record {decision_id}"))
+    }
+
+    async fn decisions_counted(&self, labels: &[(&str, &str)]) -> f64 {
+        let (status, text) = http_get(metrics_addr(&self.serve), "/metrics").await;
+        assert_eq!(status, 200, "{text}");
+        prometheus_value(&text, "capgate_decisions_total", labels).unwrap_or(0.0)
+    }
+}
+
+fn as_gateway<T>(message: T, token: &str) -> Request<T> {
+    let mut request = Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().expect("ascii"));
+    request
+}
+
+/// A forwarded HTTP request with these headers (names lower-case, as Envoy sends them).
+fn forwarded(headers: &[(&str, &str)]) -> CheckRequest {
+    forwarded_with(headers, "", HashMap::new(), None)
+}
+
+fn forwarded_with(
+    headers: &[(&str, &str)],
+    body: &str,
+    context_extensions: HashMap<String, String>,
+    metadata_context: Option<Metadata>,
+) -> CheckRequest {
+    CheckRequest {
+        attributes: Some(AttributeContext {
+            source: Some(Peer::default()),
+            request: Some(HttpAttributes {
+                http: Some(HttpRequest {
+                    method: "POST".into(),
+                    path: "/mcp".into(),
+                    host: "mcp.example.net".into(),
+                    headers: headers
+                        .iter()
+                        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+                        .collect(),
+                    body: body.to_owned(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            context_extensions,
+            metadata_context,
+            ..Default::default()
+        }),
+    }
+}
+
+/// A `tools/call` of `tool` with the caller's `authorization`.
+fn call(tool: &str, authorization: &str) -> CheckRequest {
+    forwarded(&[
+        ("mcp-method", "tools/call"),
+        ("mcp-name", tool),
+        ("authorization", authorization),
+    ])
+}
+
+/// What a `CheckResponse` says, read as Envoy reads it.
+#[derive(Debug)]
+struct Seen {
+    grpc: i32,
+    /// 200 for an allow, else the denied response's status.
+    http: i32,
+    /// Headers for the upstream (allow) or the client (deny), and headers added to the response.
+    headers: HashMap<String, String>,
+    response_headers: HashMap<String, String>,
+    body: Value,
+    metadata: HashMap<String, Value>,
+}
+
+fn seen(response: &CheckResponse) -> Seen {
+    let grpc = response.status.as_ref().map_or(-1, |status| status.code);
+    let pairs = |options: &[envoy_types::pb::envoy::config::core::v3::HeaderValueOption]| {
+        options
+            .iter()
+            .filter_map(|option| option.header.as_ref())
+            .map(|header| (header.key.clone(), header.value.clone()))
+            .collect::<HashMap<_, _>>()
+    };
+    let (http, headers, response_headers, body) = match &response.http_response {
+        Some(HttpResponse::OkResponse(ok)) => (
+            200,
+            pairs(&ok.headers),
+            pairs(&ok.response_headers_to_add),
+            Value::Null,
+        ),
+        Some(HttpResponse::DeniedResponse(denied)) => (
+            denied.status.as_ref().map_or(-1, |status| status.code),
+            pairs(&denied.headers),
+            HashMap::new(),
+            serde_json::from_str(&denied.body).expect("a JSON body"),
+        ),
+        _ => (-1, HashMap::new(), HashMap::new(), Value::Null),
+    };
+    let metadata = response
+        .dynamic_metadata
+        .as_ref()
+        .map(|metadata| {
+            metadata
+                .fields
+                .iter()
+                .map(|(key, value)| (key.clone(), plain(value)))
+                .collect()
+        })
+        .unwrap_or_default();
+    Seen {
+        grpc,
+        http,
+        headers,
+        response_headers,
+        body,
+        metadata,
+    }
+}
+
+fn plain(value: &ProtoValue) -> Value {
+    match &value.kind {
+        Some(Kind::StringValue(text)) => json!(text),
+        Some(Kind::NumberValue(number)) => json!(number),
+        Some(Kind::BoolValue(flag)) => json!(flag),
+        _ => Value::Null,
+    }
+}
+
+fn text(value: &str) -> ProtoValue {
+    ProtoValue {
+        kind: Some(Kind::StringValue(value.to_owned())),
+    }
+}
+
+/// What Envoy's MCP filter writes for a `tools/call` of `name`.
+fn mcp_filter_metadata(method: &str, name: &str) -> Metadata {
+    let params = Struct {
+        fields: [("name".to_owned(), text(name))].into_iter().collect(),
+    };
+    let fields = Struct {
+        fields: [
+            ("method".to_owned(), text(method)),
+            (
+                "params".to_owned(),
+                ProtoValue {
+                    kind: Some(Kind::StructValue(params)),
+                },
+            ),
+        ]
+        .into_iter()
+        .collect(),
+    };
+    Metadata {
+        filter_metadata: [("mcp_proxy".to_owned(), fields)].into_iter().collect(),
+        ..Default::default()
+    }
+}
+
+/// The decision id a denial's JSON-RPC error carries (checked against the metadata's).
+fn denied_decision(seen: &Seen) -> String {
+    let id = seen.body["error"]["data"]["decision_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a decision id in {seen:?}"))
+        .to_owned();
+    assert_eq!(seen.metadata["decision_id"], json!(id), "{seen:?}");
+    id
+}
+
+#[tokio::test]
+async fn every_reason_code_and_credential_kind_is_answered_as_envoy_expects_and_audited() {
+    let Some(world) = World::start(&[]).await else {
+        return;
+    };
+    let billing = format!("Bearer {}", world.token("ana", "billing"));
+    let docs = format!("Bearer {}", world.token("dee", "docs"));
+
+    // granted, bearer token: OK, the decision id and the account for the upstream hop, and the
+    // dynamic metadata for the access log.
+    let allowed = seen(&world.check(call("payments__refund", &billing)).await);
+    assert_eq!((allowed.grpc, allowed.http), (0, 200), "{allowed:?}");
+    let decision_id = allowed.headers["x-capgate-decision-id"].clone();
+    assert_eq!(allowed.headers["x-capgate-account"], "billing-svc");
+    assert_eq!(allowed.metadata["decision_id"], json!(decision_id));
+    assert_eq!(allowed.metadata["code"], json!("granted"));
+    assert_eq!(allowed.metadata["pointer"], json!("/grants/0"));
+    assert_eq!(allowed.metadata["account"], json!("billing-svc"));
+    assert!(allowed.metadata["policy_version"].is_string(), "{allowed:?}");
+    assert!(
+        allowed.response_headers.is_empty(),
+        "no ceiling, no RateLimit: {allowed:?}"
+    );
+    let record = world.record(&decision_id).await;
+    assert_eq!(record.door, Door::ExtAuthz);
+    assert_eq!(record.gateway, "envoy");
+    assert_eq!(record.outcome, RecordOutcome::Allow);
+    assert_eq!(record.tool.as_deref(), Some("payments__refund"));
+    assert_eq!(record.issuer.as_deref(), Some("corp"));
+    assert_eq!(record.account_id.as_deref(), Some("billing-svc"));
+
+    // no_grant_matches: 403 with a JSON-RPC error carrying code, pointer and decision id.
+    let denied = seen(&world.check(call("payments__refund", &docs)).await);
+    assert_eq!(
+        (denied.grpc, denied.http),
+        (Code::PermissionDenied as i32, 403),
+        "{denied:?}"
+    );
+    assert_eq!(denied.body["jsonrpc"], "2.0");
+    assert_eq!(denied.body["error"]["code"], -32001);
+    assert_eq!(denied.body["error"]["data"]["code"], "no_grant_matches");
+    assert_eq!(denied.headers["content-type"], "application/json");
+    let id = denied_decision(&denied);
+    let record = world.record(&id).await;
+    assert_eq!(
+        (record.door, record.outcome),
+        (Door::ExtAuthz, RecordOutcome::Deny)
+    );
+
+    // account_disabled.
+    let disabled = seen(&world.check(call("knowledge__approve", &docs)).await);
+    assert_eq!(disabled.http, 403);
+    assert_eq!(disabled.body["error"]["data"]["code"], "account_disabled");
+    assert_eq!(disabled.body["error"]["data"]["pointer"], "/grants/2");
+    assert_eq!(disabled.metadata["code"], json!("account_disabled"));
+    denied_decision(&disabled);
+
+    // An API key in the default `x-api-key` header. (`ambiguous_grant` cannot be reached: the
+    // compiler refuses a policy where two grants can match one principal with two accounts.)
+    let keyed = seen(
+        &world
+            .check(forwarded(&[
+                ("mcp-method", "tools/call"),
+                ("mcp-name", "ops__restart"),
+                ("x-api-key", STATIC_KEY),
+            ]))
+            .await,
+    );
+    assert_eq!(keyed.http, 200, "{keyed:?}");
+    assert_eq!(keyed.headers["x-capgate-account"], "ops-a");
+    let record = world.record(&keyed.headers["x-capgate-decision-id"]).await;
+    assert_eq!(record.issuer.as_deref(), Some("batch"));
+
+    // A ceiling: RateLimit headers for the client while calls are left, then 429 + Retry-After.
+    for left in [1, 0] {
+        let capped = seen(&world.check(call("knowledge__search", &docs)).await);
+        assert_eq!(capped.http, 200, "{capped:?}");
+        assert_eq!(
+            capped.response_headers["ratelimit-policy"],
+            "\"capgate\";q=2;w=3600"
+        );
+        let limit = &capped.response_headers["ratelimit"];
+        assert!(limit.starts_with(&format!("\"capgate\";r={left};t=")), "{limit}");
+    }
+    let exhausted = seen(&world.check(call("knowledge__search", &docs)).await);
+    assert_eq!(
+        (exhausted.grpc, exhausted.http),
+        (Code::ResourceExhausted as i32, 429),
+        "{exhausted:?}"
+    );
+    assert_eq!(exhausted.headers["retry-after"], "3600");
+    assert_eq!(exhausted.body["error"]["data"]["code"], "limit_exhausted");
+    assert_eq!(exhausted.body["error"]["data"]["pointer"], "/grants/1");
+    let record = world.record(&denied_decision(&exhausted)).await;
+    assert_eq!(record.usage_calls, Some(2));
+
+    // A client certificate from the TLS terminator: only a gateway trusted to assert may forward it.
+    let xfcc = r#"Hash=ab;Subject="CN=svc-pay,OU=payments,O=Acme""#;
+    let certified = forwarded(&[
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "payments__refund"),
+        ("x-forwarded-client-cert", xfcc),
+    ]);
+    let trusted = seen(&world.check_as(certified.clone(), TRUSTED_TOKEN).await);
+    assert_eq!(trusted.http, 200, "{trusted:?}");
+    let record = world.record(&trusted.headers["x-capgate-decision-id"]).await;
+    assert_eq!(record.gateway, "istio-ingress");
+    assert_eq!(record.issuer.as_deref(), Some("edge"));
+    let untrusted = seen(&world.check(certified).await);
+    assert_eq!(
+        (untrusted.grpc, untrusted.http),
+        (Code::PermissionDenied as i32, 403),
+        "{untrusted:?}"
+    );
+    assert!(
+        untrusted.body["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("--asserting-gateway-token")),
+        "{untrusted:?}"
+    );
+
+    // An unknown tool: MCP's own "Invalid params".
+    let unknown = seen(&world.check(call("payments__void", &billing)).await);
+    assert_eq!(unknown.http, 403, "{unknown:?}");
+    assert_eq!(unknown.body["error"]["code"], -32602);
+    let record = world.record(&denied_decision(&unknown)).await;
+    assert_eq!(record.outcome, RecordOutcome::UnknownTool);
+
+    // No credential, and a bad one: 401 with a Bearer challenge, audited as unauthenticated.
+    let missing = seen(
+        &world
+            .check(forwarded(&[
+                ("mcp-method", "tools/call"),
+                ("mcp-name", "payments__refund"),
+            ]))
+            .await,
+    );
+    assert_eq!(
+        (missing.grpc, missing.http),
+        (Code::Unauthenticated as i32, 401),
+        "{missing:?}"
+    );
+    assert_eq!(missing.headers["www-authenticate"], "Bearer");
+    assert_eq!(missing.body["error"]["data"]["code"], "credential_missing");
+    let forged = format!("{}x", world.token("ana", "billing"));
+    let bad = seen(
+        &world
+            .check(call("payments__refund", &format!("Bearer {forged}")))
+            .await,
+    );
+    assert_eq!(bad.http, 401, "{bad:?}");
+    assert!(
+        bad.headers["www-authenticate"].starts_with("Bearer error=\"invalid_token\""),
+        "{bad:?}"
+    );
+    let record = world.record(&denied_decision(&bad)).await;
+    assert_eq!(record.outcome, RecordOutcome::Unauthenticated);
+
+    // Every record of this door says so; the metrics count them under `door="ext_authz"`.
+    let audit = world.audit().await;
+    assert_eq!(audit.len(), 11, "{audit:#?}");
+    assert!(
+        audit.iter().all(|record| record.door == Door::ExtAuthz),
+        "{audit:#?}"
+    );
+    let allows = world
+        .decisions_counted(&[("door", "ext_authz"), ("outcome", "allow"), ("code", "granted")])
+        .await;
+    assert_eq!(allows, 5.0);
+    let exhausted = world
+        .decisions_counted(&[("door", "ext_authz"), ("code", "limit_exhausted")])
+        .await;
+    assert_eq!(exhausted, 1.0);
+
+    // Nothing secret in the audit trail or the logs.
+    let everything = format!("{audit:?}\n{}", world.serve.logs());
+    for secret in [
+        STATIC_KEY,
+        ACCOUNT_SECRET,
+        GATEWAY_TOKEN,
+        TRUSTED_TOKEN,
+        forged.as_str(),
+    ] {
+        assert!(!everything.contains(secret), "a secret leaked");
+    }
+}
+
+#[tokio::test]
+async fn the_target_comes_from_headers_the_mcp_filter_kuadrant_or_the_body_and_must_agree() {
+    let Some(world) = World::start(&[]).await else {
+        return;
+    };
+    let billing = format!("Bearer {}", world.token("ana", "billing"));
+    let authorization = ("authorization", billing.as_str());
+    let allowed_tool = |seen: &Seen| {
+        assert_eq!(seen.http, 200, "{seen:?}");
+        seen.headers["x-capgate-decision-id"].clone()
+    };
+
+    // Envoy's MCP filter metadata.
+    let from_metadata = forwarded_with(
+        &[authorization],
+        "",
+        HashMap::new(),
+        Some(mcp_filter_metadata("tools/call", "payments__refund")),
+    );
+    let id = allowed_tool(&seen(&world.check(from_metadata).await));
+    assert_eq!(world.record(&id).await.tool.as_deref(), Some("payments__refund"));
+
+    // Kuadrant's router: an un-prefixed tool and `<namespace>/<server>`.
+    let kuadrant = forwarded(&[
+        authorization,
+        ("x-mcp-method", "tools/call"),
+        ("x-mcp-toolname", "refund"),
+        ("x-mcp-servername", "team-a/payments"),
+    ]);
+    let id = allowed_tool(&seen(&world.check(kuadrant).await));
+    assert_eq!(world.record(&id).await.tool.as_deref(), Some("payments__refund"));
+
+    // The route names the server in `context_extensions`; it wins over the header.
+    let routed = forwarded_with(
+        &[
+            authorization,
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "refund"),
+            ("x-mcp-servername", "knowledge"),
+        ],
+        "",
+        [("mcp_server".to_owned(), "payments".to_owned())]
+            .into_iter()
+            .collect(),
+        None,
+    );
+    let id = allowed_tool(&seen(&world.check(routed).await));
+    assert_eq!(world.record(&id).await.tool.as_deref(), Some("payments__refund"));
+
+    // The JSON-RPC body alone.
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "payments__refund", "arguments": {"amount": 5}}})
+    .to_string();
+    let id = allowed_tool(&seen(
+        &world
+            .check(forwarded_with(&[authorization], &body, HashMap::new(), None))
+            .await,
+    ));
+    assert_eq!(world.record(&id).await.tool.as_deref(), Some("payments__refund"));
+
+    // A body and headers that agree, and one that does not: refused, with the body's id echoed.
+    let agreeing = forwarded_with(
+        &[
+            authorization,
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "payments__refund"),
+        ],
+        &body,
+        HashMap::new(),
+        None,
+    );
+    allowed_tool(&seen(&world.check(agreeing).await));
+    let before = world.audit().await.len();
+    for (headers, field) in [
+        (
+            vec![
+                authorization,
+                ("mcp-method", "tools/call"),
+                ("mcp-name", "knowledge__search"),
+            ],
+            "mcp-name",
+        ),
+        (vec![authorization, ("mcp-method", "tools/list")], "mcp-method"),
+    ] {
+        let disagreeing = seen(
+            &world
+                .check(forwarded_with(&headers, &body, HashMap::new(), None))
+                .await,
+        );
+        assert_eq!(
+            (disagreeing.grpc, disagreeing.http),
+            (Code::PermissionDenied as i32, 403),
+            "{disagreeing:?}"
+        );
+        assert_eq!(disagreeing.body["id"], 7);
+        let message = disagreeing.body["error"]["message"].as_str().expect("a message");
+        assert!(message.contains(&format!("`{field}`")), "{message}");
+    }
+
+    // A body that is not JSON-RPC, or was cut by Envoy: refused, naming the body.
+    let not_json = seen(
+        &world
+            .check(forwarded_with(
+                &[authorization],
+                "{\"jsonrpc\":",
+                HashMap::new(),
+                None,
+            ))
+            .await,
+    );
+    assert_eq!(not_json.http, 400, "{not_json:?}");
+    assert_eq!(not_json.body["error"]["code"], -32700);
+    let cut = forwarded_with(
+        &[authorization, ("x-envoy-auth-partial-body", "true")],
+        &body,
+        HashMap::new(),
+        None,
+    );
+    let cut = seen(&world.check(cut).await);
+    assert_eq!(cut.http, 413, "{cut:?}");
+    assert!(cut.body["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("max_request_bytes"));
+    // None of these took a decision.
+    assert_eq!(world.audit().await.len(), before);
+}
+
+#[tokio::test]
+async fn methods_fail_closed_listing_and_lifecycle_pass_without_a_decision() {
+    let Some(world) = World::start(&["--ext-authz-allow-method", "resources/read"]).await else {
+        return;
+    };
+    let billing = format!("Bearer {}", world.token("ana", "billing"));
+    for method in [
+        "initialize",
+        "ping",
+        "tools/list",
+        "notifications/initialized",
+        "resources/read",
+    ] {
+        let passed = seen(
+            &world
+                .check(forwarded(&[("mcp-method", method), ("authorization", &billing)]))
+                .await,
+        );
+        assert_eq!((passed.grpc, passed.http), (0, 200), "{method}: {passed:?}");
+        assert!(
+            passed.headers.is_empty() && passed.metadata.is_empty(),
+            "{method}: {passed:?}"
+        );
+    }
+    let refused = seen(
+        &world
+            .check(forwarded(&[
+                ("mcp-method", "prompts/get"),
+                ("authorization", &billing),
+            ]))
+            .await,
+    );
+    assert_eq!(
+        (refused.grpc, refused.http),
+        (Code::PermissionDenied as i32, 403),
+        "{refused:?}"
+    );
+    assert!(refused.body["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("prompts/get"));
+    let no_method = seen(&world.check(forwarded(&[("authorization", &billing)])).await);
+    assert_eq!(no_method.http, 403, "{no_method:?}");
+    let no_name = seen(
+        &world
+            .check(forwarded(&[
+                ("mcp-method", "tools/call"),
+                ("authorization", &billing),
+            ]))
+            .await,
+    );
+    assert_eq!(no_name.http, 400, "{no_name:?}");
+    assert!(no_name.body["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("`mcp-name`"));
+    assert!(world.audit().await.is_empty(), "no decision, no record");
+}
+
+#[tokio::test]
+async fn oversize_fields_are_refused_by_name_and_a_bad_gateway_token_is_unauthenticated() {
+    let Some(world) = World::start(&[]).await else {
+        return;
+    };
+    let billing = format!("Bearer {}", world.token("ana", "billing"));
+    let long_tool = "t".repeat(513);
+    let long_token = format!("Bearer {}", "a".repeat(16 * 1024 + 1));
+    let long_id = "r".repeat(129);
+    for (headers, field) in [
+        (
+            vec![
+                ("mcp-method", "tools/call"),
+                ("mcp-name", long_tool.as_str()),
+                ("authorization", billing.as_str()),
+            ],
+            "mcp-name",
+        ),
+        (
+            vec![
+                ("mcp-method", "tools/call"),
+                ("mcp-name", "payments__refund"),
+                ("authorization", long_token.as_str()),
+            ],
+            "authorization",
+        ),
+        (
+            vec![
+                ("mcp-method", "tools/call"),
+                ("mcp-name", "payments__refund"),
+                ("authorization", billing.as_str()),
+                ("x-request-id", long_id.as_str()),
+            ],
+            "x-request-id",
+        ),
+    ] {
+        let refused = seen(&world.check(forwarded(&headers)).await);
+        assert_eq!(
+            (refused.grpc, refused.http),
+            (Code::InvalidArgument as i32, 400),
+            "{field}: {refused:?}"
+        );
+        let message = refused.body["error"]["message"].as_str().expect("a message");
+        assert!(message.starts_with(&format!("`{field}`: ")), "{message}");
+        assert!(!message.contains("aaaa"), "the value is never quoted: {message}");
+    }
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "payments__refund", "arguments": {"blob": "x".repeat(1024 * 1024)}}})
+    .to_string();
+    let big = seen(
+        &world
+            .check(forwarded_with(
+                &[("authorization", &billing)],
+                &body,
+                HashMap::new(),
+                None,
+            ))
+            .await,
+    );
+    assert_eq!(big.http, 413, "{big:?}");
+    assert!(big.body["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .starts_with("`request.http.body`"));
+    assert!(world.audit().await.is_empty());
+
+    // The gateway's own token is checked first, as on Decide.
+    let status = world
+        .client()
+        .await
+        .check(as_gateway(
+            call("payments__refund", &billing),
+            "not-a-gateway-token",
+        ))
+        .await
+        .expect_err("an unknown gateway");
+    assert_eq!(status.code(), Code::Unauthenticated);
+}
+
+#[tokio::test]
+async fn a_retry_with_the_same_x_request_id_gets_the_same_answer_and_consumes_once() {
+    let Some(world) = World::start(&[]).await else {
+        return;
+    };
+    let docs = format!("Bearer {}", world.token("dee", "docs"));
+    let with_id = |id: &str| {
+        forwarded(&[
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "knowledge__search"),
+            ("authorization", docs.as_str()),
+            ("x-request-id", id),
+        ])
+    };
+    let first = seen(&world.check(with_id("envoy-req-1")).await);
+    let again = seen(&world.check(with_id("envoy-req-1")).await);
+    assert_eq!(first.http, 200, "{first:?}");
+    assert_eq!(first.headers, again.headers);
+    assert_eq!(
+        first.response_headers["ratelimit"],
+        again.response_headers["ratelimit"]
+    );
+    // One call consumed: the next request still has one left.
+    let next = seen(&world.check(with_id("envoy-req-2")).await);
+    assert!(
+        next.response_headers["ratelimit"].starts_with("\"capgate\";r=0;"),
+        "{next:?}"
+    );
+    let audit = world.audit().await;
+    assert_eq!(audit.len(), 2, "{audit:#?}");
+    assert_eq!(
+        world
+            .record(&first.headers["x-capgate-decision-id"])
+            .await
+            .request_id
+            .as_deref(),
+        Some("envoy-req-1")
+    );
+}
+
+#[tokio::test]
+async fn a_counter_that_cannot_be_read_is_usage_unknown_503() {
+    // A zero store deadline: every counter read times out, so a capped call's usage is unknown.
+    let Some(world) = World::start(&["--store-timeout", "0ms"]).await else {
+        return;
+    };
+    let docs = format!("Bearer {}", world.token("dee", "docs"));
+    let unknown = seen(&world.check(call("knowledge__search", &docs)).await);
+    assert_eq!(
+        (unknown.grpc, unknown.http),
+        (Code::Unavailable as i32, 503),
+        "{unknown:?}"
+    );
+    assert_eq!(unknown.headers["retry-after"], "1");
+    assert_eq!(unknown.body["error"]["data"]["code"], "usage_unknown");
+    let record = world.record(&denied_decision(&unknown)).await;
+    assert_eq!(record.door, Door::ExtAuthz);
+}
