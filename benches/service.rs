@@ -27,7 +27,8 @@
 //! `uncapped-keyed` (`uncapped` with a fresh `request_id` per call: the claim
 //! and the remembered answer, docs/decisions/0016, against `uncapped` as its
 //! baseline), and `ext-mcp-uncapped` (`uncapped` through agentgateway's ExtMCP
-//! door, against `uncapped` as its baseline).
+//! door) and `ext-authz-uncapped` (the same tool through Envoy's ext_authz door, the
+//! caller's own API key of a `static-key` issuer), each against `uncapped`.
 //!
 //! Everything is bounded: callers stop issuing calls at the end of each
 //! measurement, each call has a deadline, and the run works on a database
@@ -75,7 +76,7 @@ use plan::{Args, Plan};
 use report::{load_average, Report, Target};
 
 /// What the smoke run measures: the defaults but for one caller, no warm-up and 300 ms per
-/// measurement (2 baselines and 5 scenarios: about 2.5 s with the server's start).
+/// measurement (2 baselines and 6 scenarios: about 3 s with the server's start).
 const SMOKE: &[&str] = &[
     "service",
     "--concurrency",
@@ -261,12 +262,19 @@ fn drive<S: Store>(
     server_url: Option<&str>,
     token_file: Option<&Path>,
 ) -> Result<(Target, Vec<Measured>), Failure> {
+    // The static key's file, for the run's length (a server elsewhere reads it too: loopback only).
+    let keys =
+        tempfile::tempdir().map_err(|error| Failure::Input(format!("a temporary directory: {error}")))?;
+    let key_file = keys.path().join("bench.key");
+    std::fs::write(&key_file, callers::BENCH_KEY)
+        .map_err(|error| Failure::Input(format!("cannot write the bench key: {error}")))?;
+    let policy = callers::policy(&key_file);
     // The server in-process, or the one named.
     let (running, target): (Option<Running>, Target) = match server_url {
         None => {
             let mut config = Config::new(vec![([127, 0, 0, 1], 0).into()]);
             config.policy = Some(PolicyFile {
-                artifact: callers::POLICY.to_owned(),
+                artifact: policy.clone(),
                 catalog: None,
             });
             let running = server_runtime
@@ -300,7 +308,7 @@ fn drive<S: Store>(
         progress(&format!("opening {most} channel(s) to {}", target.url));
         let connections = callers::connect(&target.url, token_file, most).await?;
         if !target.in_process {
-            callers::publish(&connections[0]).await?;
+            callers::publish(&connections[0], &policy).await?;
         }
         Ok::<_, Failure>(connections)
     });
@@ -337,10 +345,10 @@ fn drive<S: Store>(
         for &scenario in &plan.scenarios {
             progress(&format!("{n} caller(s): {}", scenario.label()));
             let requests = callers::requests(scenario, plan.principals);
-            let load = if scenario == plan::Scenario::ExtMcpUncapped {
-                Load::ExtMcp(&requests)
-            } else {
-                Load::Decide(&requests)
+            let load = match scenario {
+                plan::Scenario::ExtMcpUncapped => Load::ExtMcp(&requests),
+                plan::Scenario::ExtAuthzUncapped => Load::ExtAuthz,
+                _ => Load::Decide(&requests),
             };
             results.push(client_runtime.block_on(callers::measure_calls(
                 some,

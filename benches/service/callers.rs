@@ -17,6 +17,8 @@ use capgate::wire::proto::{
     decide_request, decide_response, AssertedPrincipal, Attribute, DecideRequest, Outcome as DecisionOutcome,
     PublishPolicyRequest, ReasonCode,
 };
+use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
+use envoy_types::pb::envoy::service::auth::v3::{attribute_context, AttributeContext, CheckRequest};
 use prost_types::value::Kind;
 use prost_types::{Struct, Value};
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -30,7 +32,16 @@ use crate::progress;
 /// The policy every run publishes: one issuer, one account, an uncapped
 /// grant and a capped one whose ceiling (a billion calls a day) no run
 /// reaches.
-pub const POLICY: &str = r#"# The service bench's policy (benches/service.rs, docs/benchmarks.md "The service").
+/// The bench policy, its static key read from `key_file` (which holds [`BENCH_KEY`]): the
+/// ext_authz scenario forwards the caller's own credential, since Envoy cannot assert one.
+pub fn policy(key_file: &Path) -> String {
+    POLICY.replace("{key_file}", &key_file.display().to_string())
+}
+
+/// The API key of the bench's `static-key` issuer.
+pub const BENCH_KEY: &str = "capgate-bench-static-key";
+
+const POLICY: &str = r#"# The service bench's policy (benches/service.rs, docs/benchmarks.md "The service").
 version: 1
 capabilities:
   - id: bench.free.call
@@ -58,10 +69,20 @@ principals:
       audience: capgate-bench
       attributes:
         team: claim:team
+    - id: bench-key
+      kind: static-key
+      subject: keyed-agent
+      secret: { ref: "file://{key_file}" }
+      attributes:
+        team: load
 grants:
   - to:
       issuer: bench
       attributes: { team: load }
+    capabilities: [bench.free.call]
+    using: bench-runner
+  - to:
+      issuer: bench-key
     capabilities: [bench.free.call]
     using: bench-runner
   - to:
@@ -97,11 +118,11 @@ pub async fn connect(
 }
 
 /// Publishes the bench policy to a server that runs elsewhere.
-pub async fn publish(connection: &Connection) -> Result<(), Failure> {
+pub async fn publish(connection: &Connection, policy: &str) -> Result<(), Failure> {
     let mut client = PolicyServiceClient::new(connection.channel.clone());
     let published = client
         .publish_policy(connection.request(PublishPolicyRequest {
-            artifact: POLICY.to_owned(),
+            artifact: policy.to_owned(),
             catalog: None,
             expected_active_revision: None,
             dry_run: false,
@@ -122,9 +143,10 @@ pub async fn publish(connection: &Connection) -> Result<(), Failure> {
 /// The requests a scenario rotates through.
 pub fn requests(scenario: Scenario, principals: usize) -> Vec<DecideRequest> {
     let (tool, count) = match scenario {
-        Scenario::Uncapped | Scenario::UncappedKeyed | Scenario::ExtMcpUncapped => {
-            ("bench__free", principals)
-        }
+        Scenario::Uncapped
+        | Scenario::UncappedKeyed
+        | Scenario::ExtMcpUncapped
+        | Scenario::ExtAuthzUncapped => ("bench__free", principals),
         Scenario::Capped => ("bench__metered", principals),
         Scenario::CappedHot => ("bench__metered", 1),
     };
@@ -163,6 +185,8 @@ pub enum Load<'a> {
     Decide(&'a [DecideRequest]),
     /// The same requests through agentgateway's ExtMCP door.
     ExtMcp(&'a [DecideRequest]),
+    /// The bench key's `tools/call` of the uncapped tool through Envoy's ext_authz door.
+    ExtAuthz,
 }
 
 /// What one caller sends: [`Load`] with its own starting point.
@@ -170,6 +194,7 @@ enum Work {
     Health,
     Decide(Vec<DecideRequest>),
     ExtMcp(Vec<McpRequest>),
+    ExtAuthz(Box<CheckRequest>),
 }
 
 // ── The callers ────────────────────────────────────────────────────────────
@@ -188,6 +213,7 @@ pub async fn measure_calls(
     for (index, connection) in connections.iter().enumerate() {
         let work = match load {
             Load::Health => Work::Health,
+            Load::ExtAuthz => Work::ExtAuthz(Box::new(ext_authz_request())),
             Load::Decide(requests) | Load::ExtMcp(requests) => {
                 // Callers start at different principals, and each walks
                 // through all of them.
@@ -222,6 +248,7 @@ async fn caller(connection: Arc<Connection>, work: Work, window: Window, keys: S
     let mut health = HealthClient::new(connection.channel.clone());
     let mut decisions = DecisionServiceClient::new(connection.channel.clone());
     let mut ext_mcp = ExtMcpClient::new(connection.channel.clone());
+    let mut ext_authz = AuthorizationClient::new(connection.channel.clone());
     let mut tally = Tally::default();
     let mut next = 0_usize;
     loop {
@@ -237,6 +264,20 @@ async fn caller(connection: Arc<Connection>, work: Work, window: Window, keys: S
                 .await
                 .map(|response| response.into_inner().status == ServingStatus::Serving as i32)
                 .map_err(|status| format!("{:?}: {}", status.code(), status.message())),
+            Work::ExtAuthz(request) => match ext_authz
+                .check(connection.request(request.as_ref().clone()))
+                .await
+            {
+                // Envoy's reading: status 0 (OK) lets the request through.
+                Ok(response) => match response.into_inner().status {
+                    Some(status) if status.code == 0 => Ok(true),
+                    other => {
+                        tally.problem.get_or_insert(format!("not allowed: {other:?}"));
+                        Ok(false)
+                    }
+                },
+                Err(status) => Err(format!("{:?}: {}", status.code(), status.message())),
+            },
             Work::ExtMcp(requests) => {
                 let request = requests[next % requests.len()].clone();
                 next = next.wrapping_add(1);
@@ -292,6 +333,33 @@ async fn caller(connection: Arc<Connection>, work: Work, window: Window, keys: S
         }
     }
     tally
+}
+
+/// What Envoy sends for a `tools/call` of the uncapped tool by the bench key's holder: the MCP
+/// headers of the forwarded request and the caller's own API key.
+fn ext_authz_request() -> CheckRequest {
+    let headers = [
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "bench__free"),
+        ("x-api-key", BENCH_KEY),
+    ];
+    CheckRequest {
+        attributes: Some(AttributeContext {
+            request: Some(attribute_context::Request {
+                http: Some(attribute_context::HttpRequest {
+                    method: "POST".to_owned(),
+                    path: "/mcp".to_owned(),
+                    headers: headers
+                        .iter()
+                        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+                        .collect(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
 }
 
 /// A `Decide` request as agentgateway's callout carries it: the backend and its own tool name, the

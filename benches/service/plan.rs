@@ -81,7 +81,10 @@ pub enum ScenarioArg {
     UncappedKeyed,
     /// The uncapped grant through agentgateway's ExtMCP door (`CheckRequest`), against `uncapped`.
     ExtMcpUncapped,
-    /// All five.
+    /// The uncapped grant through Envoy's ext_authz door (`Check`, the caller's own API key),
+    /// against `uncapped`.
+    ExtAuthzUncapped,
+    /// All six.
     All,
 }
 
@@ -93,6 +96,7 @@ pub enum Scenario {
     CappedHot,
     UncappedKeyed,
     ExtMcpUncapped,
+    ExtAuthzUncapped,
 }
 
 impl Scenario {
@@ -103,6 +107,7 @@ impl Scenario {
             Scenario::CappedHot => "decide-capped-hot",
             Scenario::UncappedKeyed => "decide-uncapped-keyed",
             Scenario::ExtMcpUncapped => "ext-mcp-uncapped",
+            Scenario::ExtAuthzUncapped => "ext-authz-uncapped",
         }
     }
 
@@ -113,6 +118,7 @@ impl Scenario {
             Scenario::CappedHot => "Decide capped, one key",
             Scenario::UncappedKeyed => "Decide uncapped, with request_id",
             Scenario::ExtMcpUncapped => "ExtMCP CheckRequest uncapped",
+            Scenario::ExtAuthzUncapped => "ext_authz Check uncapped",
         }
     }
 }
@@ -164,12 +170,14 @@ impl Plan {
                 ScenarioArg::CappedHot => &[Scenario::CappedHot],
                 ScenarioArg::UncappedKeyed => &[Scenario::UncappedKeyed],
                 ScenarioArg::ExtMcpUncapped => &[Scenario::ExtMcpUncapped],
+                ScenarioArg::ExtAuthzUncapped => &[Scenario::ExtAuthzUncapped],
                 ScenarioArg::All => &[
                     Scenario::Uncapped,
                     Scenario::Capped,
                     Scenario::CappedHot,
                     Scenario::UncappedKeyed,
                     Scenario::ExtMcpUncapped,
+                    Scenario::ExtAuthzUncapped,
                 ],
             };
             for scenario in some {
