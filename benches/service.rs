@@ -273,6 +273,7 @@ fn drive<S: Store>(
     let (running, target): (Option<Running>, Target) = match server_url {
         None => {
             let mut config = Config::new(vec![([127, 0, 0, 1], 0).into()]);
+            config.http_listen = vec![([127, 0, 0, 1], 0).into()];
             config.policy = Some(PolicyFile {
                 artifact: policy.clone(),
                 catalog: None,
@@ -303,6 +304,10 @@ fn drive<S: Store>(
         }
     };
 
+    // The AuthZEN door listens on its own HTTP port, known only for the in-process server.
+    let http_addr = running
+        .as_ref()
+        .and_then(|running| running.http_addrs.first().copied());
     let connected = client_runtime.block_on(async {
         let most = plan.concurrency.iter().copied().max().unwrap_or(1);
         progress(&format!("opening {most} channel(s) to {}", target.url));
@@ -348,6 +353,11 @@ fn drive<S: Store>(
             let load = match scenario {
                 plan::Scenario::ExtMcpUncapped => Load::ExtMcp(&requests),
                 plan::Scenario::ExtAuthzUncapped => Load::ExtAuthz,
+                // `Plan::of` keeps this scenario for the in-process server only.
+                plan::Scenario::AuthzenUncapped => match http_addr {
+                    Some(addr) => Load::Authzen(&requests, addr),
+                    None => continue,
+                },
                 _ => Load::Decide(&requests),
             };
             results.push(client_runtime.block_on(callers::measure_calls(

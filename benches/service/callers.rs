@@ -2,6 +2,7 @@
 //! to back over their own connections, the store baseline's writer, and what they tally — the
 //! completed calls inside the counted window and their latencies.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,6 +20,11 @@ use capgate::wire::proto::{
 };
 use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
 use envoy_types::pb::envoy::service::auth::v3::{attribute_context, AttributeContext, CheckRequest};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 use prost_types::value::Kind;
 use prost_types::{Struct, Value};
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -146,7 +152,8 @@ pub fn requests(scenario: Scenario, principals: usize) -> Vec<DecideRequest> {
         Scenario::Uncapped
         | Scenario::UncappedKeyed
         | Scenario::ExtMcpUncapped
-        | Scenario::ExtAuthzUncapped => ("bench__free", principals),
+        | Scenario::ExtAuthzUncapped
+        | Scenario::AuthzenUncapped => ("bench__free", principals),
         Scenario::Capped => ("bench__metered", principals),
         Scenario::CappedHot => ("bench__metered", 1),
     };
@@ -187,6 +194,8 @@ pub enum Load<'a> {
     ExtMcp(&'a [DecideRequest]),
     /// The bench key's `tools/call` of the uncapped tool through Envoy's ext_authz door.
     ExtAuthz,
+    /// The same requests as AuthZEN evaluations, to the HTTP listener at this address.
+    Authzen(&'a [DecideRequest], SocketAddr),
 }
 
 /// What one caller sends: [`Load`] with its own starting point.
@@ -195,6 +204,7 @@ enum Work {
     Decide(Vec<DecideRequest>),
     ExtMcp(Vec<McpRequest>),
     ExtAuthz(Box<CheckRequest>),
+    Authzen(Vec<Vec<u8>>, SocketAddr),
 }
 
 // ── The callers ────────────────────────────────────────────────────────────
@@ -214,6 +224,15 @@ pub async fn measure_calls(
         let work = match load {
             Load::Health => Work::Health,
             Load::ExtAuthz => Work::ExtAuthz(Box::new(ext_authz_request())),
+            Load::Authzen(requests, addr) => {
+                let start = index * requests.len() / connections.len().max(1);
+                let bodies = requests[start..]
+                    .iter()
+                    .chain(&requests[..start])
+                    .map(authzen_evaluation)
+                    .collect();
+                Work::Authzen(bodies, addr)
+            }
             Load::Decide(requests) | Load::ExtMcp(requests) => {
                 // Callers start at different principals, and each walks
                 // through all of them.
@@ -249,6 +268,8 @@ async fn caller(connection: Arc<Connection>, work: Work, window: Window, keys: S
     let mut decisions = DecisionServiceClient::new(connection.channel.clone());
     let mut ext_mcp = ExtMcpClient::new(connection.channel.clone());
     let mut ext_authz = AuthorizationClient::new(connection.channel.clone());
+    // One client per caller: its pool keeps one HTTP/1.1 connection, as a gateway's would.
+    let http: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     let mut tally = Tally::default();
     let mut next = 0_usize;
     loop {
@@ -264,6 +285,11 @@ async fn caller(connection: Arc<Connection>, work: Work, window: Window, keys: S
                 .await
                 .map(|response| response.into_inner().status == ServingStatus::Serving as i32)
                 .map_err(|status| format!("{:?}: {}", status.code(), status.message())),
+            Work::Authzen(bodies, addr) => {
+                let body = bodies[next % bodies.len()].clone();
+                next = next.wrapping_add(1);
+                evaluate(&http, *addr, body).await
+            }
             Work::ExtAuthz(request) => match ext_authz
                 .check(connection.request(request.as_ref().clone()))
                 .await
@@ -333,6 +359,55 @@ async fn caller(connection: Arc<Connection>, work: Work, window: Window, keys: S
         }
     }
     tally
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// An AuthZEN evaluation of the request's tool for its (asserted) principal, as a PEP sends it.
+fn authzen_evaluation(request: &DecideRequest) -> Vec<u8> {
+    let Some(decide_request::Target::Tool(tool)) = &request.target else {
+        unreachable!("the bench's requests name tools");
+    };
+    let Some(decide_request::Caller::Principal(principal)) = &request.caller else {
+        unreachable!("the bench's requests assert principals");
+    };
+    let attributes: serde_json::Map<String, serde_json::Value> = principal
+        .attributes
+        .iter()
+        .map(|attribute| (attribute.name.clone(), attribute.values[0].clone().into()))
+        .collect();
+    serde_json::json!({
+        "subject": {
+            "type": "identity",
+            "id": principal.subject,
+            "properties": {"issuer": principal.issuer, "attributes": attributes},
+        },
+        "action": {"name": "tools/call"},
+        "resource": {"type": "tool", "id": tool},
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// One evaluation: `Ok(true)` for `decision: true`.
+async fn evaluate(http: &HttpClient, addr: SocketAddr, body: Vec<u8>) -> Result<bool, String> {
+    let request = hyper::Request::post(format!("http://{addr}/access/v1/evaluation"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|error| error.to_string())?;
+    let response = http.request(request).await.map_err(|error| error.to_string())?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|error| error.to_string())?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(format!("HTTP {status}: {}", String::from_utf8_lossy(&body)));
+    }
+    let answer: serde_json::Value = serde_json::from_slice(&body).map_err(|error| error.to_string())?;
+    Ok(answer["decision"] == serde_json::Value::Bool(true))
 }
 
 /// What Envoy sends for a `tools/call` of the uncapped tool by the bench key's holder: the MCP

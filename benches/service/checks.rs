@@ -101,7 +101,8 @@ fn plans_are_bounded_and_deduplicated() {
             Scenario::CappedHot,
             Scenario::UncappedKeyed,
             Scenario::ExtMcpUncapped,
-            Scenario::ExtAuthzUncapped
+            Scenario::ExtAuthzUncapped,
+            Scenario::AuthzenUncapped
         ]
     );
     for refused in [

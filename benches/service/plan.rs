@@ -84,7 +84,10 @@ pub enum ScenarioArg {
     /// The uncapped grant through Envoy's ext_authz door (`Check`, the caller's own API key),
     /// against `uncapped`.
     ExtAuthzUncapped,
-    /// All six.
+    /// The uncapped grant through the AuthZEN door (`POST /access/v1/evaluation`, HTTP/1.1 JSON,
+    /// the principal asserted), against `uncapped`. Only with the in-process server.
+    AuthzenUncapped,
+    /// All seven.
     All,
 }
 
@@ -97,6 +100,7 @@ pub enum Scenario {
     UncappedKeyed,
     ExtMcpUncapped,
     ExtAuthzUncapped,
+    AuthzenUncapped,
 }
 
 impl Scenario {
@@ -108,6 +112,7 @@ impl Scenario {
             Scenario::UncappedKeyed => "decide-uncapped-keyed",
             Scenario::ExtMcpUncapped => "ext-mcp-uncapped",
             Scenario::ExtAuthzUncapped => "ext-authz-uncapped",
+            Scenario::AuthzenUncapped => "authzen-uncapped",
         }
     }
 
@@ -119,6 +124,7 @@ impl Scenario {
             Scenario::UncappedKeyed => "Decide uncapped, with request_id",
             Scenario::ExtMcpUncapped => "ExtMCP CheckRequest uncapped",
             Scenario::ExtAuthzUncapped => "ext_authz Check uncapped",
+            Scenario::AuthzenUncapped => "AuthZEN evaluation uncapped",
         }
     }
 }
@@ -171,6 +177,7 @@ impl Plan {
                 ScenarioArg::UncappedKeyed => &[Scenario::UncappedKeyed],
                 ScenarioArg::ExtMcpUncapped => &[Scenario::ExtMcpUncapped],
                 ScenarioArg::ExtAuthzUncapped => &[Scenario::ExtAuthzUncapped],
+                ScenarioArg::AuthzenUncapped => &[Scenario::AuthzenUncapped],
                 ScenarioArg::All => &[
                     Scenario::Uncapped,
                     Scenario::Capped,
@@ -178,6 +185,7 @@ impl Plan {
                     Scenario::UncappedKeyed,
                     Scenario::ExtMcpUncapped,
                     Scenario::ExtAuthzUncapped,
+                    Scenario::AuthzenUncapped,
                 ],
             };
             for scenario in some {
@@ -185,6 +193,15 @@ impl Plan {
                     scenarios.push(*scenario);
                 }
             }
+        }
+        if args.server.is_some() {
+            // The AuthZEN door's HTTP port is known only for the in-process server.
+            if args.scenario.contains(&ScenarioArg::AuthzenUncapped) {
+                return Err(Failure::Usage(
+                    "`--scenario authzen-uncapped` needs the in-process server: drop `--server`".to_owned(),
+                ));
+            }
+            scenarios.retain(|scenario| *scenario != Scenario::AuthzenUncapped);
         }
         Ok(Plan {
             concurrency,
