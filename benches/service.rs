@@ -27,8 +27,11 @@
 //! `uncapped-keyed` (`uncapped` with a fresh `request_id` per call: the claim
 //! and the remembered answer, docs/decisions/0016, against `uncapped` as its
 //! baseline), and `ext-mcp-uncapped` (`uncapped` through agentgateway's ExtMCP
-//! door) and `ext-authz-uncapped` (the same tool through Envoy's ext_authz door, the
-//! caller's own API key of a `static-key` issuer), each against `uncapped`.
+//! door), `ext-authz-uncapped` (the same tool through Envoy's ext_authz door, the
+//! caller's own API key of a `static-key` issuer) and `authzen-uncapped` (AuthZEN
+//! evaluations over HTTP/1.1), each against `uncapped`; `ext-mcp-capped` and
+//! `authzen-capped` against `capped`, `ext-authz-capped-hot` (the static key is one
+//! principal) against `capped-hot`.
 //!
 //! Everything is bounded: callers stop issuing calls at the end of each
 //! measurement, each call has a deadline, and the run works on a database
@@ -76,7 +79,7 @@ use plan::{Args, Plan};
 use report::{load_average, Report, Target};
 
 /// What the smoke run measures: the defaults but for one caller, no warm-up and 300 ms per
-/// measurement (2 baselines and 6 scenarios: about 3 s with the server's start).
+/// measurement (2 baselines and 10 scenarios: about 4 s with the server's start).
 const SMOKE: &[&str] = &[
     "service",
     "--concurrency",
@@ -351,10 +354,11 @@ fn drive<S: Store>(
             progress(&format!("{n} caller(s): {}", scenario.label()));
             let requests = callers::requests(scenario, plan.principals);
             let load = match scenario {
-                plan::Scenario::ExtMcpUncapped => Load::ExtMcp(&requests),
-                plan::Scenario::ExtAuthzUncapped => Load::ExtAuthz,
+                plan::Scenario::ExtMcpUncapped | plan::Scenario::ExtMcpCapped => Load::ExtMcp(&requests),
+                plan::Scenario::ExtAuthzUncapped => Load::ExtAuthz("bench__free"),
+                plan::Scenario::ExtAuthzCappedHot => Load::ExtAuthz("bench__metered"),
                 // `Plan::of` keeps this scenario for the in-process server only.
-                plan::Scenario::AuthzenUncapped => match http_addr {
+                plan::Scenario::AuthzenUncapped | plan::Scenario::AuthzenCapped => match http_addr {
                     Some(addr) => Load::Authzen(&requests, addr),
                     None => continue,
                 },

@@ -92,6 +92,11 @@ grants:
     capabilities: [bench.free.call]
     using: bench-runner
   - to:
+      issuer: bench-key
+    capabilities: [bench.metered.call]
+    using: bench-runner
+    limits: { calls: 1000000000, per: 1d }
+  - to:
       issuer: bench
       attributes: { team: load }
     capabilities: [bench.metered.call]
@@ -154,8 +159,8 @@ pub fn requests(scenario: Scenario, principals: usize) -> Vec<DecideRequest> {
         | Scenario::ExtMcpUncapped
         | Scenario::ExtAuthzUncapped
         | Scenario::AuthzenUncapped => ("bench__free", principals),
-        Scenario::Capped => ("bench__metered", principals),
-        Scenario::CappedHot => ("bench__metered", 1),
+        Scenario::Capped | Scenario::ExtMcpCapped | Scenario::AuthzenCapped => ("bench__metered", principals),
+        Scenario::CappedHot | Scenario::ExtAuthzCappedHot => ("bench__metered", 1),
     };
     (0..count)
         .map(|index| DecideRequest {
@@ -192,8 +197,8 @@ pub enum Load<'a> {
     Decide(&'a [DecideRequest]),
     /// The same requests through agentgateway's ExtMCP door.
     ExtMcp(&'a [DecideRequest]),
-    /// The bench key's `tools/call` of the uncapped tool through Envoy's ext_authz door.
-    ExtAuthz,
+    /// The bench key's `tools/call` of this tool through Envoy's ext_authz door.
+    ExtAuthz(&'a str),
     /// The same requests as AuthZEN evaluations, to the HTTP listener at this address.
     Authzen(&'a [DecideRequest], SocketAddr),
 }
@@ -223,7 +228,7 @@ pub async fn measure_calls(
     for (index, connection) in connections.iter().enumerate() {
         let work = match load {
             Load::Health => Work::Health,
-            Load::ExtAuthz => Work::ExtAuthz(Box::new(ext_authz_request())),
+            Load::ExtAuthz(tool) => Work::ExtAuthz(Box::new(ext_authz_request(tool))),
             Load::Authzen(requests, addr) => {
                 let start = index * requests.len() / connections.len().max(1);
                 let bodies = requests[start..]
@@ -410,12 +415,12 @@ async fn evaluate(http: &HttpClient, addr: SocketAddr, body: Vec<u8>) -> Result<
     Ok(answer["decision"] == serde_json::Value::Bool(true))
 }
 
-/// What Envoy sends for a `tools/call` of the uncapped tool by the bench key's holder: the MCP
+/// What Envoy sends for a `tools/call` of `tool` by the bench key's holder: the MCP
 /// headers of the forwarded request and the caller's own API key.
-fn ext_authz_request() -> CheckRequest {
+fn ext_authz_request(tool: &str) -> CheckRequest {
     let headers = [
         ("mcp-method", "tools/call"),
-        ("mcp-name", "bench__free"),
+        ("mcp-name", tool),
         ("x-api-key", BENCH_KEY),
     ];
     CheckRequest {

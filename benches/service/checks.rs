@@ -102,7 +102,10 @@ fn plans_are_bounded_and_deduplicated() {
             Scenario::UncappedKeyed,
             Scenario::ExtMcpUncapped,
             Scenario::ExtAuthzUncapped,
-            Scenario::AuthzenUncapped
+            Scenario::AuthzenUncapped,
+            Scenario::ExtMcpCapped,
+            Scenario::AuthzenCapped,
+            Scenario::ExtAuthzCappedHot
         ]
     );
     for refused in [

@@ -87,7 +87,14 @@ pub enum ScenarioArg {
     /// The uncapped grant through the AuthZEN door (`POST /access/v1/evaluation`, HTTP/1.1 JSON,
     /// the principal asserted), against `uncapped`. Only with the in-process server.
     AuthzenUncapped,
-    /// All seven.
+    /// The capped grant over `--principals` principals through ExtMCP, against `capped`.
+    ExtMcpCapped,
+    /// The capped grant over `--principals` principals through AuthZEN, against `capped`.
+    AuthzenCapped,
+    /// The capped grant through ext_authz: the static key is one principal, so one counter row,
+    /// against `capped-hot`.
+    ExtAuthzCappedHot,
+    /// All ten.
     All,
 }
 
@@ -101,6 +108,9 @@ pub enum Scenario {
     ExtMcpUncapped,
     ExtAuthzUncapped,
     AuthzenUncapped,
+    ExtMcpCapped,
+    AuthzenCapped,
+    ExtAuthzCappedHot,
 }
 
 impl Scenario {
@@ -113,6 +123,9 @@ impl Scenario {
             Scenario::ExtMcpUncapped => "ext-mcp-uncapped",
             Scenario::ExtAuthzUncapped => "ext-authz-uncapped",
             Scenario::AuthzenUncapped => "authzen-uncapped",
+            Scenario::ExtMcpCapped => "ext-mcp-capped",
+            Scenario::AuthzenCapped => "authzen-capped",
+            Scenario::ExtAuthzCappedHot => "ext-authz-capped-hot",
         }
     }
 
@@ -125,6 +138,9 @@ impl Scenario {
             Scenario::ExtMcpUncapped => "ExtMCP CheckRequest uncapped",
             Scenario::ExtAuthzUncapped => "ext_authz Check uncapped",
             Scenario::AuthzenUncapped => "AuthZEN evaluation uncapped",
+            Scenario::ExtMcpCapped => "ExtMCP CheckRequest capped",
+            Scenario::AuthzenCapped => "AuthZEN evaluation capped",
+            Scenario::ExtAuthzCappedHot => "ext_authz Check capped, one key",
         }
     }
 }
@@ -178,6 +194,9 @@ impl Plan {
                 ScenarioArg::ExtMcpUncapped => &[Scenario::ExtMcpUncapped],
                 ScenarioArg::ExtAuthzUncapped => &[Scenario::ExtAuthzUncapped],
                 ScenarioArg::AuthzenUncapped => &[Scenario::AuthzenUncapped],
+                ScenarioArg::ExtMcpCapped => &[Scenario::ExtMcpCapped],
+                ScenarioArg::AuthzenCapped => &[Scenario::AuthzenCapped],
+                ScenarioArg::ExtAuthzCappedHot => &[Scenario::ExtAuthzCappedHot],
                 ScenarioArg::All => &[
                     Scenario::Uncapped,
                     Scenario::Capped,
@@ -186,6 +205,9 @@ impl Plan {
                     Scenario::ExtMcpUncapped,
                     Scenario::ExtAuthzUncapped,
                     Scenario::AuthzenUncapped,
+                    Scenario::ExtMcpCapped,
+                    Scenario::AuthzenCapped,
+                    Scenario::ExtAuthzCappedHot,
                 ],
             };
             for scenario in some {
@@ -196,12 +218,14 @@ impl Plan {
         }
         if args.server.is_some() {
             // The AuthZEN door's HTTP port is known only for the in-process server.
-            if args.scenario.contains(&ScenarioArg::AuthzenUncapped) {
+            let authzen = [ScenarioArg::AuthzenUncapped, ScenarioArg::AuthzenCapped];
+            if args.scenario.iter().any(|wanted| authzen.contains(wanted)) {
                 return Err(Failure::Usage(
-                    "`--scenario authzen-uncapped` needs the in-process server: drop `--server`".to_owned(),
+                    "the `authzen-*` scenarios need the in-process server: drop `--server`".to_owned(),
                 ));
             }
-            scenarios.retain(|scenario| *scenario != Scenario::AuthzenUncapped);
+            scenarios
+                .retain(|scenario| !matches!(scenario, Scenario::AuthzenUncapped | Scenario::AuthzenCapped));
         }
         Ok(Plan {
             concurrency,
