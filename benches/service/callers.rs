@@ -293,7 +293,14 @@ async fn caller(connection: Arc<Connection>, work: Work, window: Window, keys: S
             Work::Authzen(bodies, addr) => {
                 let body = bodies[next % bodies.len()].clone();
                 next = next.wrapping_add(1);
-                evaluate(&http, *addr, body).await
+                match evaluate(&http, *addr, body).await {
+                    Ok(None) => Ok(true),
+                    Ok(Some(why)) => {
+                        tally.problem.get_or_insert(why);
+                        Ok(false)
+                    }
+                    Err(problem) => Err(problem),
+                }
             }
             Work::ExtAuthz(request) => match ext_authz
                 .check(connection.request(request.as_ref().clone()))
@@ -394,8 +401,8 @@ fn authzen_evaluation(request: &DecideRequest) -> Vec<u8> {
     .into_bytes()
 }
 
-/// One evaluation: `Ok(true)` for `decision: true`.
-async fn evaluate(http: &HttpClient, addr: SocketAddr, body: Vec<u8>) -> Result<bool, String> {
+/// One evaluation: `Ok(None)` for `decision: true`, else the reason code it gave.
+async fn evaluate(http: &HttpClient, addr: SocketAddr, body: Vec<u8>) -> Result<Option<String>, String> {
     let request = hyper::Request::post(format!("http://{addr}/access/v1/evaluation"))
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(body)))
@@ -412,7 +419,13 @@ async fn evaluate(http: &HttpClient, addr: SocketAddr, body: Vec<u8>) -> Result<
         return Err(format!("HTTP {status}: {}", String::from_utf8_lossy(&body)));
     }
     let answer: serde_json::Value = serde_json::from_slice(&body).map_err(|error| error.to_string())?;
-    Ok(answer["decision"] == serde_json::Value::Bool(true))
+    if answer["decision"] == serde_json::Value::Bool(true) {
+        return Ok(None);
+    }
+    Ok(Some(format!(
+        "not allowed: {}",
+        answer["context"]["reason"]["code"]
+    )))
 }
 
 /// What Envoy sends for a `tools/call` of `tool` by the bench key's holder: the MCP
