@@ -22,6 +22,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Request};
 
 use support::client::{example_with_ceiling, CATALOG};
+use support::otlp::{http_get, metrics_addr, prometheus_value};
 use support::postgres::TestDatabase;
 use support::process::Serve;
 
@@ -58,6 +59,8 @@ impl World {
                 "plain-gw=env://CAPGATE_TEST_GATEWAY_TOKEN",
                 "--asserting-gateway-token",
                 "agentgateway=env://CAPGATE_TEST_TRUSTED_TOKEN",
+                "--metrics-listen",
+                "127.0.0.1:0",
             ],
             &[
                 ("CAPGATE_TEST_GATEWAY_TOKEN", GATEWAY_TOKEN),
@@ -333,6 +336,21 @@ async fn tools_calls_are_decided_and_audited_through_ext_mcp() {
         .expect("read the counter")
         .expect("a counter");
     assert_eq!(counter.calls, CEILING, "the retry consumed nothing");
+
+    // Counted as decisions of this door, once each (the replayed retry is no new decision).
+    let (status, metrics) = http_get(metrics_addr(&world.serve), "/metrics").await;
+    assert_eq!(status, 200);
+    let counted = |outcome: &str, code: &str| {
+        prometheus_value(
+            &metrics,
+            "capgate_decisions_total",
+            &[("door", "ext_mcp"), ("outcome", outcome), ("code", code)],
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(counted("allow", "granted"), 4.0, "{metrics}");
+    assert_eq!(counted("deny", "limit_exhausted"), 1.0);
+    assert_eq!(counted("deny", "no_grant_matches"), 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
