@@ -40,7 +40,7 @@ impl<S: Store> DecisionService for Decisions<S> {
         let gateway = self.state.tokens.authorize(request.metadata(), Role::Gateway)?;
         let request = request.into_inner();
         bounds::decide(&request)?;
-        let active = pipeline::current(&self.state).map_err(refused)?;
+        let active = pipeline::current(&self.state).map_err(super::status)?;
         let DecideRequest {
             caller,
             target,
@@ -66,7 +66,7 @@ impl<S: Store> DecisionService for Decisions<S> {
         let encode = |answer: &Answer<'_>| response(answer).encode_to_vec();
         let replied = pipeline::decide(&self.state, &active, ask, target, &encode)
             .await
-            .map_err(refused)?;
+            .map_err(super::status)?;
         match replied {
             Replied::Fresh(answer) => Ok(Response::new(response(&answer))),
             Replied::Replayed(bytes) => DecideResponse::decode(bytes.as_slice())
@@ -85,7 +85,7 @@ impl<S: Store> DecisionService for Decisions<S> {
         let gateway = self.state.tokens.authorize(request.metadata(), Role::Gateway)?;
         let request = request.into_inner();
         bounds::list_visible(&request)?;
-        let active = pipeline::current(&self.state).map_err(refused)?;
+        let active = pipeline::current(&self.state).map_err(super::status)?;
         let ListVisibleRequest { caller, request_id } = &request;
         let caller = match caller {
             Some(list_visible_request::Caller::Principal(principal)) => asserted(principal),
@@ -98,16 +98,10 @@ impl<S: Store> DecisionService for Decisions<S> {
             request_id: (!request_id.is_empty()).then_some(request_id.as_str()),
             door: Door::Capgate,
         };
-        let listing = pipeline::list(&self.state, &active, ask).await.map_err(refused)?;
+        let listing = pipeline::list(&self.state, &active, ask)
+            .await
+            .map_err(super::status)?;
         Ok(Response::new(listed(&listing)))
-    }
-}
-
-/// A pipeline refusal as a gRPC status.
-fn refused(refusal: pipeline::Refusal) -> Status {
-    match refusal {
-        pipeline::Refusal::PermissionDenied(message) => Status::permission_denied(message),
-        pipeline::Refusal::Unavailable(message) => Status::unavailable(message),
     }
 }
 

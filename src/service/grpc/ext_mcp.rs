@@ -89,7 +89,7 @@ impl<S: Store> ExtMcp for ExtMcpDoor<S> {
             Method::Other => {
                 return Ok(Response::new(refused_request(
                     authorization_error::Code::PermissionDenied,
-                    format!("capgate allows `{name}` only through a decision it cannot make: refused"),
+                    format!("`{name}` is neither a tools/call capgate decides nor a method known to execute nothing: refused"),
                 )))
             }
             Method::Call => {}
@@ -113,7 +113,7 @@ impl<S: Store> ExtMcp for ExtMcpDoor<S> {
                 bounds::MAX_REQUEST_ID,
             ),
         ])?;
-        let active = pipeline::current(&self.state).map_err(refusal)?;
+        let active = pipeline::current(&self.state).map_err(super::status)?;
         let ask = Ask {
             gateway: &gateway,
             caller,
@@ -123,7 +123,7 @@ impl<S: Store> ExtMcp for ExtMcpDoor<S> {
         let encode = |answer: &Answer<'_>| checked(answer).encode_to_vec();
         let replied = pipeline::decide(&self.state, &active, ask, Target::Tool(&exposed), &encode)
             .await
-            .map_err(refusal)?;
+            .map_err(super::status)?;
         match replied {
             Replied::Fresh(answer) => Ok(Response::new(checked(&answer))),
             Replied::Replayed(bytes) => McpRequestResult::decode(bytes.as_slice())
@@ -154,14 +154,16 @@ impl<S: Store> ExtMcp for ExtMcpDoor<S> {
         }
         let context = metadata_context.unwrap_or_default();
         let caller = caller(&context)?;
-        let active = pipeline::current(&self.state).map_err(refusal)?;
+        let active = pipeline::current(&self.state).map_err(super::status)?;
         let ask = Ask {
             gateway: &gateway,
             caller,
             request_id: None,
             door: Door::ExtMcp,
         };
-        let listing = pipeline::list(&self.state, &active, ask).await.map_err(refusal)?;
+        let listing = pipeline::list(&self.state, &active, ask)
+            .await
+            .map_err(super::status)?;
         let seen = match &listing.seen {
             Ok(seen) => seen,
             Err(problem) => {
@@ -413,13 +415,5 @@ fn string(text: &str) -> Value {
 fn number(value: f64) -> Value {
     Value {
         kind: Some(Kind::NumberValue(value)),
-    }
-}
-
-/// A pipeline refusal as a gRPC status: the gateway, not its caller, has to act.
-fn refusal(refusal: pipeline::Refusal) -> Status {
-    match refusal {
-        pipeline::Refusal::PermissionDenied(message) => Status::permission_denied(message),
-        pipeline::Refusal::Unavailable(message) => Status::unavailable(message),
     }
 }

@@ -8,3 +8,16 @@ pub mod decisions;
 pub mod ext_authz;
 pub mod ext_mcp;
 pub mod policies;
+
+use tonic::Status;
+
+use super::pipeline::Refusal;
+
+/// A pipeline refusal as a gRPC status, for the doors whose protocol has no answer of its own for
+/// it: the gateway, not its caller, has to act.
+pub(super) fn status(refusal: Refusal) -> Status {
+    match refusal {
+        Refusal::PermissionDenied(message) => Status::permission_denied(message),
+        Refusal::Unavailable(message) => Status::unavailable(message),
+    }
+}
