@@ -355,6 +355,16 @@ async fn every_reason_code_is_the_same_as_decide() {
     };
     assert_eq!(counted("limit_exhausted"), Some(1.0), "{metrics}");
     assert_eq!(counted("granted"), Some(4.0), "{metrics}");
+    // Every evaluation's duration, by route and status: at least the decisions counted above.
+    let timed = prometheus_value(
+        &metrics,
+        "capgate_http_duration_seconds_count",
+        &[
+            ("http_route", "POST /access/v1/evaluation"),
+            ("http_response_status_code", "200"),
+        ],
+    );
+    assert!(timed.is_some_and(|count| count >= 5.0), "{metrics}");
 }
 
 /// The caller's own credential in `subject.properties`: a token whose subject is `subject.id`

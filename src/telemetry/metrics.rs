@@ -20,6 +20,7 @@ use opentelemetry::{InstrumentationScope, KeyValue};
 pub const DECISIONS: &str = "capgate.decisions";
 /// `capgate.rpc.duration`: every capgate RPC, from request to response headers.
 pub const RPC_DURATION: &str = "capgate.rpc.duration";
+pub const HTTP_DURATION: &str = "capgate.http.duration";
 /// `capgate.counter_store.duration`: one counter read or consumption.
 pub const COUNTER_STORE_DURATION: &str = "capgate.counter_store.duration";
 /// `capgate.counter_store.errors`: counter calls that failed or timed out.
@@ -55,6 +56,7 @@ const BATCH_BOUNDARIES: [f64; 12] = [
 pub struct Metrics {
     decisions: Counter<u64>,
     rpc_duration: Histogram<f64>,
+    http_duration: Histogram<f64>,
     counter_store_duration: Histogram<f64>,
     counter_store_errors: Counter<u64>,
     audit_batch_size: Histogram<u64>,
@@ -171,6 +173,12 @@ impl Metrics {
                 .with_unit("s")
                 .with_boundaries(LATENCY_BOUNDARIES.to_vec())
                 .build(),
+            http_duration: meter
+                .f64_histogram(HTTP_DURATION)
+                .with_description("Requests to the AuthZEN HTTP door, from the request to the response, by route and status")
+                .with_unit("s")
+                .with_boundaries(LATENCY_BOUNDARIES.to_vec())
+                .build(),
             counter_store_duration: meter
                 .f64_histogram(COUNTER_STORE_DURATION)
                 .with_description("Usage-counter reads and consumptions, by operation and result")
@@ -277,6 +285,15 @@ impl Metrics {
             attributes.push(KeyValue::new("outcome", outcome));
         }
         self.rpc_duration.record(elapsed.as_secs_f64(), &attributes);
+    }
+
+    /// An HTTP request to `route` answered with `status`.
+    pub fn http(&self, route: &'static str, status: u16, elapsed: Duration) {
+        let attributes = [
+            KeyValue::new("http.route", route),
+            KeyValue::new("http.response.status_code", i64::from(status)),
+        ];
+        self.http_duration.record(elapsed.as_secs_f64(), &attributes);
     }
 
     /// One counter-store call (`read` or `consume`).

@@ -238,8 +238,10 @@ where
         let _ = span.set_parent(parent);
     }
     let note = Arc::new(Note::default());
+    let started = Instant::now();
     let response = NOTE.scope(note.clone(), call.instrument(span.clone())).await;
     let status = response.status().as_u16();
+    metrics().http(route, status, started.elapsed());
     span.record("http.response.status_code", i64::from(status));
     if status >= 500 {
         span.record("otel.status_code", "error");
