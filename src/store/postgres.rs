@@ -454,23 +454,17 @@ impl Store for PostgresStore {
         .fetch_optional(&self.pool)
         .await
         .during("claim_request")?;
-        if won.is_some() {
-            return Ok(Claim::Won);
-        }
-        Ok(match self.remembered(gateway, request_id).await? {
-            Some(answer) => Claim::Answered(answer),
-            None => Claim::Taken,
-        })
+        sql::claimed(won.is_some(), self.remembered(gateway, request_id)).await
     }
 
     async fn forget_requests(&self, before_ms: i64) -> StoreResult<u64> {
         let mut tx = self.pool.begin().await.during("forget_requests")?;
-        let answers = sqlx::query("DELETE FROM remembered_responses WHERE at < $1")
+        let answers = sqlx::query(sql::FORGET_ANSWERS)
             .bind(before_ms)
             .execute(&mut *tx)
             .await
             .during("forget_requests")?;
-        let claims = sqlx::query("DELETE FROM request_claims WHERE claimed_at < $1")
+        let claims = sqlx::query(sql::FORGET_CLAIMS)
             .bind(before_ms)
             .execute(&mut *tx)
             .await

@@ -12,8 +12,8 @@
 use sqlx::{Database, Encode, QueryBuilder, Type};
 
 use super::{
-    AuditFilter, AuditRecord, CounterReading, Door, ExpectedRevision, NewPolicy, RecordCode, RecordKind,
-    RecordOutcome, Remembered, StoreError, StoreResult, StoredPolicy,
+    AuditFilter, AuditRecord, Claim, CounterReading, Door, ExpectedRevision, NewPolicy, RecordCode,
+    RecordKind, RecordOutcome, Remembered, StoreError, StoreResult, StoredPolicy,
 };
 
 /// Names the operation a database failure happened in. There is no
@@ -144,6 +144,25 @@ macro_rules! claim_request {
     };
 }
 pub(super) use claim_request;
+
+/// What a claim that was not won found: the answer, once its holder has written it. The answer is
+/// read only then, so a won claim costs one statement.
+pub(super) async fn claimed(
+    won: bool,
+    answer: impl std::future::Future<Output = StoreResult<Option<Remembered>>>,
+) -> StoreResult<Claim> {
+    if won {
+        return Ok(Claim::Won);
+    }
+    Ok(match answer.await? {
+        Some(answer) => Claim::Answered(answer),
+        None => Claim::Taken,
+    })
+}
+
+/// `forget_requests`: the answers and the claims made before `$1`, in one transaction.
+pub(super) const FORGET_ANSWERS: &str = "DELETE FROM remembered_responses WHERE at < $1";
+pub(super) const FORGET_CLAIMS: &str = "DELETE FROM request_claims WHERE claimed_at < $1";
 
 #[derive(sqlx::FromRow)]
 pub(super) struct RememberedRow {
