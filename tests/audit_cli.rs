@@ -11,8 +11,8 @@ mod support;
 use std::process::Command;
 
 use capgate::store::{
-    AuditFilter, AuditRecord, PostgresStore, RecordCode, RecordKind, RecordOutcome, SqliteStore, Store,
-    StoreOptions,
+    AuditFilter, AuditRecord, DecisionNote, Note, PostgresStore, RecordCode, RecordKind, RecordOutcome,
+    SqliteStore, Store, StoreOptions,
 };
 use capgate_core::access::ReasonCode;
 use serde_json::Value;
@@ -274,6 +274,103 @@ fn prune_on_postgres() {
         store
     });
     prune_end_to_end(&database.url(), &store);
+}
+
+/// A gateway's note (`NoteDecision`) shows under its record in `capgate audit`, human and
+/// `--json`, and goes with the record's month when it is pruned.
+fn notes_end_to_end<S: Store>(url: &str, store: &S) {
+    let runtime = runtime();
+    let at = month_start(2) + 3_600_000;
+    let id = uuid::Uuid::new_v7(uuid::Timestamp::from_unix(
+        uuid::NoContext,
+        u64::try_from(at / 1000).unwrap(),
+        0,
+    ))
+    .to_string();
+    let record = AuditRecord {
+        decision_id: id.clone(),
+        at_ms: at,
+        gateway: "edge".to_owned(),
+        kind: RecordKind::Decide,
+        outcome: RecordOutcome::Allow,
+        code: Some(RecordCode::Reason(ReasonCode::Granted)),
+        principal_id: Some("staff:ana".to_owned()),
+        capability: Some("billing.refund.create".to_owned()),
+        account_id: Some("payments-bot".to_owned()),
+        ..AuditRecord::default()
+    };
+    runtime
+        .block_on(store.append_audit(&[record], &[]))
+        .expect("seed the audit trail");
+    let note = DecisionNote {
+        decision_id: id.clone(),
+        gateway: "edge".to_owned(),
+        kind: Note::CredentialFailed,
+        detail: "no resolver for scheme `gcp-secrets`".to_owned(),
+        at_ms: at + 40,
+    };
+    assert!(runtime.block_on(store.note_decision(&note)).expect("note"));
+    let other_gateway = DecisionNote {
+        gateway: "other".to_owned(),
+        ..note.clone()
+    };
+    assert!(!runtime
+        .block_on(store.note_decision(&other_gateway))
+        .expect("note"));
+
+    let human = capgate(&["audit", "--database-url", url]);
+    assert_eq!(human.code, 0, "{human:?}");
+    assert!(
+        human.stdout.contains(
+            "\n    noted 2025-02-01T01:00:00.040Z  credential_failed  by edge: no resolver for scheme `gcp-secrets`\n"
+        ),
+        "{}",
+        human.stdout
+    );
+    let json = capgate(&["audit", "--json", "--database-url", url]);
+    let found: Value = serde_json::from_str(&json.stdout).expect("JSON");
+    assert_eq!(
+        found[0]["notes"],
+        serde_json::json!([{"decision_id": id, "gateway": "edge", "kind": "credential_failed",
+                            "detail": "no resolver for scheme `gcp-secrets`", "at_ms": at + 40}])
+    );
+
+    let pruned = capgate(&["audit", "prune", "--before", "2025-03-15", "--database-url", url]);
+    assert_eq!(pruned.code, 0, "{pruned:?}");
+    assert!(runtime
+        .block_on(store.decision_notes(std::slice::from_ref(&id)))
+        .expect("notes")
+        .is_empty());
+}
+
+#[test]
+fn notes_on_sqlite() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let url = format!("sqlite://{}", dir.path().join("capgate.db").display());
+    let store = runtime().block_on(async {
+        let store = SqliteStore::connect(&url, &StoreOptions::default())
+            .await
+            .expect("open SQLite");
+        store.migrate().await.expect("migrate");
+        store
+    });
+    notes_end_to_end(&url, &store);
+}
+
+#[test]
+fn notes_on_postgres() {
+    let runtime = runtime();
+    let Some(database) = runtime.block_on(TestDatabase::create()) else {
+        return;
+    };
+    let store = runtime.block_on(async {
+        let store = PostgresStore::connect_with(database.options.clone(), &StoreOptions::default())
+            .await
+            .expect("open the test database");
+        store.migrate().await.expect("migrate");
+        store
+    });
+    notes_end_to_end(&database.url(), &store);
 }
 
 #[test]

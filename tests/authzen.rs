@@ -26,6 +26,7 @@ use tonic::Request;
 const GATEWAY_TOKEN: &str = "authzen-gateway-token-4e4e";
 const TRUSTED_TOKEN: &str = "authzen-trusted-token-7a7a";
 const STATIC_KEY: &str = "authzen-static-key-1b1b";
+const ADMIN_TOKEN: &str = "authzen-admin-token-9c9c";
 
 /// A server with `--http-listen`, a plain and an asserting gateway token, and its store.
 struct World {
@@ -60,6 +61,8 @@ impl World {
             "edge-gw=env://CAPGATE_TEST_GATEWAY_TOKEN".into(),
             "--asserting-gateway-token".into(),
             "trusted-gw=env://CAPGATE_TEST_TRUSTED_TOKEN".into(),
+            "--admin-token".into(),
+            "admin=env://CAPGATE_TEST_ADMIN_TOKEN".into(),
             "--metrics-listen".into(),
             "127.0.0.1:0".into(),
         ];
@@ -81,6 +84,7 @@ impl World {
                 ("CAPGATE_TEST_GATEWAY_TOKEN", GATEWAY_TOKEN),
                 ("CAPGATE_TEST_TRUSTED_TOKEN", TRUSTED_TOKEN),
                 ("CAPGATE_TEST_STATIC_KEY", STATIC_KEY),
+                ("CAPGATE_TEST_ADMIN_TOKEN", ADMIN_TOKEN),
             ],
         )
         .await;
@@ -222,6 +226,7 @@ fn grpc_ask(who: &AssertedPrincipal, kind: &str, id: &str) -> DecideRequest {
 const EVALUATION: &str = "/access/v1/evaluation";
 const EVALUATIONS: &str = "/access/v1/evaluations";
 const SEARCH_RESOURCE: &str = "/access/v1/search/resource";
+const SEARCH_SUBJECT: &str = "/access/v1/search/subject";
 
 /// Every reason code the example policy can give (usage_unknown needs a store outage: tests/outage.rs
 /// covers it for the pipeline all doors share), each through AuthZEN and through `Decide`: the
@@ -442,7 +447,7 @@ grants:
     assert_eq!(body["decision"], json!(false));
     assert_eq!(
         body["context"]["reason"],
-        json!({"code": "unauthenticated", "problem": "credential_invalid"})
+        json!({"code": "unauthenticated", "problem": "credential_invalid", "message": "the credential is not valid"})
     );
     let record = world
         .record(body["context"]["decision_id"].as_str().unwrap())
@@ -765,6 +770,92 @@ async fn a_resource_search_lists_what_the_subject_may_call() {
     assert_eq!((status, ready["status"].clone()), (200, json!("ready")));
 }
 
+/// A subject search is `who-can`: the static-key identities a decision would let through, and
+/// every grant's condition, for the admin only; no audit record (no caller was decided for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subject_search_says_who_can_call_a_tool() {
+    let policy =
+        example_with_ceiling(10).replace("env://NIGHTLY_RUNNER_KEY", "env://CAPGATE_TEST_STATIC_KEY");
+    let world = World::start(Some((&policy, true)), &[]).await;
+    let search = |kind: &str, id: &str, properties: Value| {
+        json!({"subject": {"type": "identity", "properties": properties},
+               "action": {"name": "tools/call"}, "resource": {"type": kind, "id": id}})
+    };
+    let world = &world;
+    let ask = |body: Value| async move { world.post(SEARCH_SUBJECT, ADMIN_TOKEN, &body).await };
+
+    let (status, found) = ask(search("tool", "helpdesk__get_ticket", json!({}))).await;
+    assert_eq!(status, 200, "{found}");
+    assert_eq!(
+        found["results"],
+        json!([{"type": "identity", "id": "nightly-runner",
+                "properties": {"issuer": "nightly", "pointer": "/grants/5", "account": {"id": "helpdesk-reader"}}}])
+    );
+    assert_eq!(found["context"]["capability"], "tickets.issue.read");
+    assert_eq!(
+        found["context"]["conditions"],
+        json!([
+            {"pointer": "/grants/0", "issuer": "staff", "attributes": {"dept": "support"},
+             "account": {"id": "helpdesk-reader"}, "ceiling": {"calls": 10, "per": "1h", "window_ms": 3_600_000}},
+            {"pointer": "/grants/5", "issuer": "nightly", "attributes": {"role": "batch"},
+             "account": {"id": "helpdesk-reader"}, "ceiling": {"calls": 5000, "per": "1d", "window_ms": 86_400_000}},
+        ])
+    );
+    assert_eq!(found["page"], json!({"next_token": "", "count": 1, "total": 1}));
+
+    // Narrowed to one issuer; a capability asked for directly; a disabled account lets nobody through.
+    let (_, staff) = ask(search(
+        "capability",
+        "tickets.issue.read",
+        json!({"issuer": "staff"}),
+    ))
+    .await;
+    assert_eq!(staff["results"], json!([]));
+    let pointers: Vec<&Value> = staff["context"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|condition| &condition["pointer"])
+        .collect();
+    assert_eq!(pointers, [&json!("/grants/0")]);
+    let (_, disabled) = ask(search("tool", "releases__approve_release", json!({}))).await;
+    assert_eq!(
+        (
+            disabled["results"].clone(),
+            disabled["context"]["conditions"].clone()
+        ),
+        (json!([]), json!([]))
+    );
+
+    // Nobody, and why.
+    let (_, unknown) = ask(search("tool", "helpdesk__nope", json!({}))).await;
+    assert_eq!(unknown["context"]["reason"], json!({"code": "unknown_tool"}));
+    let (_, undeclared) = ask(search("capability", "nope.nope.nope", json!({}))).await;
+    assert_eq!(undeclared["context"]["reason"]["code"], "capability_not_declared");
+
+    // The policy's map is the admin's to read; a malformed search is a 400 naming the field.
+    let (status, body) = world
+        .post(
+            SEARCH_SUBJECT,
+            TRUSTED_TOKEN,
+            &search("tool", "helpdesk__get_ticket", json!({})),
+        )
+        .await;
+    assert_eq!(status, 403, "{body}");
+    let mut wrong = search("tool", "helpdesk__get_ticket", json!({}));
+    wrong["subject"]["type"] = json!("user");
+    let (status, body) = ask(wrong).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("subject.type"),
+        "{body}"
+    );
+    assert!(world.audit().await.is_empty());
+}
+
 /// `/healthz` answers at once, `/readyz` is 503 until a version is active, and the metadata
 /// names the endpoints under the address the PEP used.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -795,6 +886,10 @@ async fn health_readiness_and_metadata() {
     assert_eq!(
         metadata["search_resource_endpoint"],
         json!(format!("{base}/access/v1/search/resource"))
+    );
+    assert_eq!(
+        metadata["search_subject_endpoint"],
+        json!(format!("{base}/access/v1/search/subject"))
     );
 }
 

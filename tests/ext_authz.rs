@@ -454,7 +454,9 @@ async fn every_reason_code_and_credential_kind_is_answered_as_envoy_expects_and_
         (Code::ResourceExhausted as i32, 429),
         "{exhausted:?}"
     );
-    assert_eq!(exhausted.headers["retry-after"], "3600");
+    // The seconds until the window that opened at the first counted call ends.
+    let retry: u64 = exhausted.headers["retry-after"].parse().unwrap();
+    assert!((3500..=3600).contains(&retry), "{exhausted:?}");
     assert_eq!(exhausted.body["error"]["data"]["code"], "limit_exhausted");
     assert_eq!(exhausted.body["error"]["data"]["pointer"], "/grants/1");
     let record = world.record(&denied_decision(&exhausted)).await;
@@ -484,6 +486,40 @@ async fn every_reason_code_and_credential_kind_is_answered_as_envoy_expects_and_
             .is_some_and(|message| message.contains("--asserting-gateway-token")),
         "{untrusted:?}"
     );
+
+    // The peer certificate itself, as Envoy sends it with `include_peer_certificate`
+    // (URL-encoded PEM in `source.certificate`): its subject is read as the DN above.
+    let pem = {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationalUnitName, "payments");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "svc-peer");
+        params.self_signed(&key).unwrap().pem()
+    };
+    let peer = |pem: &str| {
+        let mut request = forwarded(&[("mcp-method", "tools/call"), ("mcp-name", "payments__refund")]);
+        let source = request.attributes.as_mut().unwrap().source.as_mut().unwrap();
+        source.certificate =
+            percent_encoding::utf8_percent_encode(pem, percent_encoding::NON_ALPHANUMERIC).to_string();
+        source.principal = "spiffe://acme/ns/pay/sa/peer".into();
+        request
+    };
+    let whole = seen(&world.check_as(peer(&pem), TRUSTED_TOKEN).await);
+    assert_eq!(whole.http, 200, "{whole:?}");
+    let record = world.record(&whole.headers["x-capgate-decision-id"]).await;
+    assert_eq!(
+        (record.issuer.as_deref(), record.subject.as_deref()),
+        (Some("edge"), Some("svc-peer"))
+    );
+    let mangled = pem.replacen("MII", "MIX", 1);
+    let mangled = seen(&world.check_as(peer(&mangled), TRUSTED_TOKEN).await);
+    assert_eq!(mangled.http, 401, "{mangled:?}");
+    assert_eq!(mangled.body["error"]["data"]["code"], "credential_invalid");
 
     // An unknown tool: MCP's own "Invalid params".
     let unknown = seen(&world.check(call("payments__void", &billing)).await);
@@ -524,7 +560,7 @@ async fn every_reason_code_and_credential_kind_is_answered_as_envoy_expects_and_
 
     // Every record of this door says so; the metrics count them under `door="ext_authz"`.
     let audit = world.audit().await;
-    assert_eq!(audit.len(), 11, "{audit:#?}");
+    assert_eq!(audit.len(), 13, "{audit:#?}");
     assert!(
         audit.iter().all(|record| record.door == Door::ExtAuthz),
         "{audit:#?}"
@@ -532,7 +568,7 @@ async fn every_reason_code_and_credential_kind_is_answered_as_envoy_expects_and_
     let allows = world
         .decisions_counted(&[("door", "ext_authz"), ("outcome", "allow"), ("code", "granted")])
         .await;
-    assert_eq!(allows, 5.0);
+    assert_eq!(allows, 6.0);
     let exhausted = world
         .decisions_counted(&[("door", "ext_authz"), ("code", "limit_exhausted")])
         .await;

@@ -22,8 +22,8 @@ use std::time::Duration;
 use capgate::service::{self, Config, ConfigError, PolicyFile, Running, StartError, Token};
 use capgate::store::{
     self, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Claim, Consumed, CounterKey, CounterReading,
-    ExpectedRevision, NewPolicy, PrunedPeriod, PublishOutcome, Remembered, SqliteStore, Store, StoreError,
-    StoreOptions, StoreResult, StoredPolicy,
+    DecisionNote, ExpectedRevision, NewPolicy, PrunedPeriod, PublishOutcome, Remembered, SqliteStore, Store,
+    StoreError, StoreOptions, StoreResult, StoredPolicy,
 };
 use capgate::wire::proto::decision_service_client::DecisionServiceClient;
 use capgate::wire::proto::policy_service_client::PolicyServiceClient;
@@ -92,6 +92,9 @@ on_both_stores! {
     tokens_are_required_and_roles_enforced,
     health_follows_the_active_policy_and_reflection_lists_the_services,
     stopping_finishes_in_flight_calls_and_flushes_the_audit,
+    watch_policy_streams_the_active_version_and_ends_on_stop,
+    a_gateway_notes_what_happened_after_its_allow,
+    denials_say_why_in_words_and_when_a_ceiling_resets,
 }
 
 // ── A store that fails on demand ──────────────────────────────────────────
@@ -217,6 +220,15 @@ impl Store for Flaky {
         filter: &AuditFilter,
     ) -> impl Future<Output = StoreResult<Vec<AuditRecord>>> + Send {
         self.inner.query_audit(filter)
+    }
+    fn note_decision(&self, note: &DecisionNote) -> impl Future<Output = StoreResult<bool>> + Send {
+        self.inner.note_decision(note)
+    }
+    fn decision_notes(
+        &self,
+        decision_ids: &[String],
+    ) -> impl Future<Output = StoreResult<Vec<DecisionNote>>> + Send {
+        self.inner.decision_notes(decision_ids)
     }
     fn prepare_audit_periods(&self, now_ms: i64) -> impl Future<Output = StoreResult<()>> + Send {
         self.inner.prepare_audit_periods(now_ms)
@@ -1591,6 +1603,338 @@ async fn health_follows_the_active_policy_and_reflection_lists_the_services(kind
             "{expected} in {services:?}"
         );
     }
+    // The error details INVALID_ARGUMENT carries resolve by reflection.
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::FileContainingSymbol(
+            "google.rpc.BadRequest".into(),
+        )),
+    };
+    let mut answers = reflection
+        .server_reflection_info(tokio_stream::iter(vec![request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let answer = answers.message().await.unwrap().expect("one answer");
+    assert!(
+        matches!(answer.message_response, Some(MessageResponse::FileDescriptorResponse(ref files)) if !files.file_descriptor_proto.is_empty()),
+        "{answer:?}"
+    );
+
+    // The same through v1alpha, which grpcio-reflection and older grpcurl builds speak.
+    {
+        use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
+        use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
+        let mut reflection = ServerReflectionClient::new(harness.channel.clone());
+        let requests = vec![
+            ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(MessageRequest::ListServices(String::new())),
+            },
+            ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(MessageRequest::FileContainingSymbol(
+                    "google.rpc.BadRequest".into(),
+                )),
+            },
+        ];
+        let mut answers = reflection
+            .server_reflection_info(tokio_stream::iter(requests))
+            .await
+            .unwrap()
+            .into_inner();
+        let listed = answers.message().await.unwrap().expect("a service list");
+        let Some(MessageResponse::ListServicesResponse(list)) = listed.message_response else {
+            panic!("expected a service list");
+        };
+        assert!(list
+            .service
+            .iter()
+            .any(|s| s.name == "capgate.v1.DecisionService"));
+        let resolved = answers.message().await.unwrap().expect("a file");
+        assert!(
+            matches!(resolved.message_response, Some(MessageResponse::FileDescriptorResponse(ref files)) if !files.file_descriptor_proto.is_empty()),
+            "{resolved:?}"
+        );
+    }
+    harness.stop().await;
+}
+
+// ── What a thin gateway needs ─────────────────────────────────────────────
+
+/// The next revision a watch sends, within `within`.
+async fn next_revision(
+    stream: &mut tonic::Streaming<capgate::wire::proto::PolicyRevision>,
+    within: Duration,
+) -> Option<u64> {
+    tokio::time::timeout(within, stream.message())
+        .await
+        .expect("the watch answers in time")
+        .expect("the watch does not fail")
+        .map(|revision| revision.policy_revision)
+}
+
+async fn watch_policy_streams_the_active_version_and_ends_on_stop(kind: Kind) {
+    use capgate::wire::proto::WatchPolicyRequest;
+    let harness = Harness::start(kind, |_| {}).await;
+    let mut early = harness
+        .decisions()
+        .watch_policy(WatchPolicyRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    // Nothing is active: nothing is sent (a gateway lists nothing until something is).
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), early.message())
+            .await
+            .is_err(),
+        "a watch said something before any version was active"
+    );
+    harness.publish(POLICY, Some(CATALOG)).await.unwrap();
+    assert_eq!(next_revision(&mut early, Duration::from_secs(2)).await, Some(1));
+    harness
+        .publish(&example_with_ceiling(7), Some(CATALOG))
+        .await
+        .unwrap();
+    assert_eq!(next_revision(&mut early, Duration::from_secs(2)).await, Some(2));
+    // A publish that changes nothing installs nothing, so nothing is sent.
+    harness
+        .publish(&example_with_ceiling(7), Some(CATALOG))
+        .await
+        .unwrap();
+    // A watcher that joins now starts where things stand.
+    let mut late = harness
+        .decisions()
+        .watch_policy(WatchPolicyRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let first = tokio::time::timeout(Duration::from_secs(2), late.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the active version");
+    assert_eq!(first.policy_revision, 2);
+    assert!(first.policy_version.starts_with("sha256:"));
+    assert!(first.installed_at.is_some());
+    // Stopping ends every watch instead of waiting for it.
+    tokio::time::timeout(Duration::from_secs(10), harness.stop())
+        .await
+        .expect("a watch does not hold the server open");
+    for stream in [&mut early, &mut late] {
+        let ended = tokio::time::timeout(Duration::from_secs(5), stream.message())
+            .await
+            .expect("the watch ends with the server");
+        assert!(!matches!(ended, Ok(Some(_))), "{ended:?}");
+    }
+}
+
+async fn a_gateway_notes_what_happened_after_its_allow(kind: Kind) {
+    use capgate::wire::proto::{NoteDecisionRequest, NoteKind};
+    let harness = Harness::start(kind, |config| {
+        config.asserting_gateway_tokens = vec![
+            Token::new("gw-a", b"gateway-a-secret"),
+            Token::new("gw-b", b"gateway-b-secret"),
+        ];
+        config.admin_tokens = vec![Token::new("ops", b"admin-secret")];
+    })
+    .await;
+    let mut policies = harness.policies();
+    policies
+        .publish_policy(with_token(
+            PublishPolicyRequest {
+                artifact: POLICY.into(),
+                catalog: Some(CATALOG.into()),
+                ..Default::default()
+            },
+            "admin-secret",
+        ))
+        .await
+        .unwrap();
+    let mut decisions = harness.decisions();
+    let allowed = decisions
+        .decide(with_token(
+            for_capability(ana(), "docs.page.search"),
+            "gateway-a-secret",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(recorded_outcome(&allowed), "allow");
+    let denied = decisions
+        .decide(with_token(
+            for_capability(ana(), "billing.refund.create"),
+            "gateway-a-secret",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(recorded_outcome(&denied), "deny");
+    let note = |decision_id: &str, kind: NoteKind, detail: &str| NoteDecisionRequest {
+        decision_id: decision_id.into(),
+        kind: kind.into(),
+        detail: detail.into(),
+    };
+    let failed = "no resolver for scheme `gcp-secrets`";
+
+    // Only the gateway that was given the allow may note it; a deny or an unknown id has none.
+    for (request, token) in [
+        (
+            note(&allowed.decision_id, NoteKind::CredentialFailed, failed),
+            "gateway-b-secret",
+        ),
+        (
+            note(&denied.decision_id, NoteKind::CredentialFailed, failed),
+            "gateway-a-secret",
+        ),
+        (
+            note(
+                "01934b5e-0000-7000-8000-000000000000",
+                NoteKind::UpstreamFailed,
+                "",
+            ),
+            "gateway-a-secret",
+        ),
+        (
+            note("not-an-id", NoteKind::UpstreamFailed, ""),
+            "gateway-a-secret",
+        ),
+    ] {
+        let refused = decisions
+            .note_decision(with_token(request, token))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
+    }
+    // A malformed note names its field.
+    for (request, field) in [
+        (note(&allowed.decision_id, NoteKind::Unspecified, failed), "kind"),
+        (
+            note(&allowed.decision_id, NoteKind::UpstreamFailed, &"x".repeat(1025)),
+            "detail",
+        ),
+        (note("", NoteKind::UpstreamFailed, failed), "decision_id"),
+        (
+            note(&allowed.decision_id, NoteKind::UpstreamFailed, "a\0b"),
+            "detail",
+        ),
+    ] {
+        let refused = decisions
+            .note_decision(with_token(request, "gateway-a-secret"))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument);
+        let fields: Vec<String> = refused
+            .get_details_bad_request()
+            .expect("field violations")
+            .field_violations
+            .into_iter()
+            .map(|violation| violation.field)
+            .collect();
+        assert_eq!(fields, [field], "{refused:?}");
+    }
+    assert!(harness
+        .store
+        .decision_notes(std::slice::from_ref(&allowed.decision_id))
+        .await
+        .unwrap()
+        .is_empty());
+
+    // Noted twice (a retried call), kept once; the record itself is unchanged.
+    for _ in 0..2 {
+        decisions
+            .note_decision(with_token(
+                note(&allowed.decision_id, NoteKind::CredentialFailed, failed),
+                "gateway-a-secret",
+            ))
+            .await
+            .unwrap();
+    }
+    decisions
+        .note_decision(with_token(
+            note(
+                &allowed.decision_id,
+                NoteKind::UpstreamFailed,
+                "connection refused",
+            ),
+            "gateway-a-secret",
+        ))
+        .await
+        .unwrap();
+    let notes = harness
+        .store
+        .decision_notes(&[allowed.decision_id.clone(), denied.decision_id.clone()])
+        .await
+        .unwrap();
+    let seen: Vec<(&str, &str, &str)> = notes
+        .iter()
+        .map(|note| (note.gateway.as_str(), note.kind.as_str(), note.detail.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("gw-a", "credential_failed", failed),
+            ("gw-a", "upstream_failed", "connection refused")
+        ]
+    );
+    let record = harness
+        .audit()
+        .await
+        .into_iter()
+        .find(|record| record.decision_id == allowed.decision_id)
+        .unwrap();
+    assert_eq!(record.outcome, capgate::store::RecordOutcome::Allow);
+    harness.stop().await;
+}
+
+async fn denials_say_why_in_words_and_when_a_ceiling_resets(kind: Kind) {
+    use capgate::wire::proto::Unauthenticated;
+    let harness = Harness::start(kind, |_| {}).await;
+    harness
+        .publish(&example_with_ceiling(1), Some(CATALOG))
+        .await
+        .unwrap();
+    let first = harness.decide(support::client::capped()).await.unwrap();
+    let limits = decision(&first).limits.clone().expect("a ceiling applies");
+    assert!(decision(&first).resets_at.is_none(), "an allow has no retry time");
+    let reason = decision(&first).reason.clone().unwrap();
+    assert!(reason.message.contains("tickets.issue.read"), "{reason:?}");
+
+    // The exhausted window ends when the allow said it would.
+    let second = harness.decide(support::client::capped()).await.unwrap();
+    assert_eq!(summary(&second).1, ReasonCode::LimitExhausted);
+    assert_eq!(decision(&second).resets_at, limits.resets_at);
+    let reason = decision(&second).reason.clone().unwrap();
+    assert!(reason.message.contains("exhausted"), "{reason:?}");
+
+    // Other denials have words and no retry time.
+    let nobody = harness
+        .decide(for_capability(ana(), "billing.refund.create"))
+        .await
+        .unwrap();
+    assert_eq!(decision(&nobody).resets_at, None);
+    let words = &decision(&nobody).reason.as_ref().unwrap().message;
+    assert!(
+        words.contains("no grant") && words.contains("billing.refund.create"),
+        "{words}"
+    );
+    let blank = harness
+        .decide(for_capability(principal("staff", " ", &[]), "docs.page.search"))
+        .await
+        .unwrap();
+    let Some(decide_response::Result::Unauthenticated(Unauthenticated { problem, message })) = &blank.result
+    else {
+        panic!("{blank:?}");
+    };
+    assert_eq!(*problem, AuthProblem::CredentialMissing as i32);
+    assert!(message.contains("no credential"), "{message}");
+    let unknown = harness.decide(for_tool(ana(), "helpdesk__nope")).await.unwrap();
+    let Some(decide_response::Result::UnknownTool(unknown)) = &unknown.result else {
+        panic!("{unknown:?}");
+    };
+    assert!(unknown.message.contains("`helpdesk__nope`"), "{unknown:?}");
     harness.stop().await;
 }
 

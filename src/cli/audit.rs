@@ -11,7 +11,7 @@ pub mod prune;
 
 use std::fmt::Write as _;
 
-use crate::store::{AuditFilter, AuditRecord, Door, RecordOutcome, Store};
+use crate::store::{AuditFilter, AuditRecord, DecisionNote, Door, RecordOutcome, Store};
 
 use super::args::parse_instant;
 use super::remote::{runtime, Database};
@@ -81,25 +81,50 @@ fn query(args: &Query) -> Result<Outcome, Failure> {
         until_ms: args.until,
         limit: args.limit,
     };
-    let records = runtime()?.block_on(async {
+    let (records, notes) = runtime()?.block_on(async {
         let store = args.database.open().await?;
-        store
+        let records = store
             .query_audit(&filter)
             .await
-            .map_err(|error| Failure::Input(error.to_string()))
+            .map_err(|error| Failure::Input(error.to_string()))?;
+        // Only an allow can be noted (`NoteDecision`).
+        let allowed: Vec<String> = records
+            .iter()
+            .filter(|record| record.outcome == RecordOutcome::Allow)
+            .map(|record| record.decision_id.clone())
+            .collect();
+        let notes = store
+            .decision_notes(&allowed)
+            .await
+            .map_err(|error| Failure::Input(error.to_string()))?;
+        Ok::<_, Failure>((records, notes))
     })?;
     let stdout = if args.json {
-        // The records' serde form: the columns, in table order (the spool's too).
-        let json = serde_json::to_value(&records)
+        // The records' serde form: the columns, in table order (the spool's too), and `notes`
+        // on a record a gateway noted.
+        let mut json = serde_json::to_value(&records)
             .map_err(|error| Failure::Input(format!("cannot print the records as JSON: {error}")))?;
+        if let Some(items) = json.as_array_mut() {
+            for (item, record) in items.iter_mut().zip(&records) {
+                let noted: Vec<&DecisionNote> = notes_of(&notes, &record.decision_id).collect();
+                if !noted.is_empty() {
+                    item["notes"] = serde_json::to_value(noted)
+                        .map_err(|error| Failure::Input(format!("cannot print a note as JSON: {error}")))?;
+                }
+            }
+        }
         super::to_json(&json)
     } else {
-        human(&records)
+        human(&records, &notes)
     };
     Ok(Outcome::stdout(stdout, Exit::Done))
 }
 
-fn human(records: &[AuditRecord]) -> String {
+fn notes_of<'a>(notes: &'a [DecisionNote], decision_id: &'a str) -> impl Iterator<Item = &'a DecisionNote> {
+    notes.iter().filter(move |note| note.decision_id == decision_id)
+}
+
+fn human(records: &[AuditRecord], notes: &[DecisionNote]) -> String {
     let mut out = String::new();
     if records.is_empty() {
         let _ = writeln!(out, "no audit record matches");
@@ -178,6 +203,16 @@ fn human(records: &[AuditRecord]) -> String {
             let _ = write!(line, "  request={request}");
         }
         let _ = writeln!(out, "{line}  id={decision_id}");
+        for note in notes_of(notes, decision_id) {
+            let _ = writeln!(
+                out,
+                "    noted {}  {}  by {}: {}",
+                clock::format(note.at_ms),
+                note.kind.as_str(),
+                note.gateway,
+                note.detail
+            );
+        }
     }
     out
 }

@@ -154,14 +154,12 @@ fn human(response: &DecideResponse) -> String {
         None => {
             let _ = writeln!(out, "the server answered without a result");
         }
-        Some(decide_response::Result::Unauthenticated(Unauthenticated { problem })) => {
+        Some(decide_response::Result::Unauthenticated(Unauthenticated { problem, message })) => {
             let _ = writeln!(out, "UNAUTHENTICATED  {}", problem_name(*problem));
+            let _ = writeln!(out, "  {message}");
         }
-        Some(decide_response::Result::UnknownTool(UnknownTool { name })) => {
-            let _ = writeln!(
-                out,
-                "UNKNOWN TOOL  `{name}` is no mapped tool of the active policy"
-            );
+        Some(decide_response::Result::UnknownTool(UnknownTool { name: _, message })) => {
+            let _ = writeln!(out, "UNKNOWN TOOL  {message}");
         }
         Some(decide_response::Result::Decision(decision)) => human_decision(&mut out, decision),
     }
@@ -175,6 +173,7 @@ fn human_decision(out: &mut String, decision: &Decision) {
         account,
         limits,
         tool,
+        resets_at,
     } = decision;
     let allowed = ProtoOutcome::try_from(*outcome) == Ok(ProtoOutcome::Allow);
     let _ = writeln!(out, "{}", if allowed { "ALLOWED" } else { "DENIED" });
@@ -183,9 +182,10 @@ fn human_decision(out: &mut String, decision: &Decision) {
         path,
         subject,
         position,
+        message,
     }) = reason
     {
-        let _ = writeln!(out, "  reason    {}", code_name(*code));
+        let _ = writeln!(out, "  reason    {}: {message}", code_name(*code));
         let _ = writeln!(out, "  subject   {subject}");
         let site = match position {
             Some(Position { line, column }) => format!("{line}:{column}  {path}"),
@@ -195,6 +195,9 @@ fn human_decision(out: &mut String, decision: &Decision) {
     }
     if let Some(Account { id, secret_ref }) = account {
         let _ = writeln!(out, "  account   {id}  (secret at {secret_ref})");
+    }
+    if let Some(resets_at) = resets_at {
+        let _ = writeln!(out, "  retry     after {}", at_text(Some(resets_at)));
     }
     match limits {
         Some(Limits {
@@ -245,11 +248,11 @@ fn to_json(response: &DecideResponse) -> Value {
     } = response;
     let result = match result {
         None => Value::Null,
-        Some(decide_response::Result::Unauthenticated(Unauthenticated { problem })) => {
-            json!({"unauthenticated": {"problem": problem_name(*problem)}})
+        Some(decide_response::Result::Unauthenticated(Unauthenticated { problem, message })) => {
+            json!({"unauthenticated": {"problem": problem_name(*problem), "message": message}})
         }
-        Some(decide_response::Result::UnknownTool(UnknownTool { name })) => {
-            json!({"unknown_tool": {"name": name}})
+        Some(decide_response::Result::UnknownTool(UnknownTool { name, message })) => {
+            json!({"unknown_tool": {"name": name, "message": message}})
         }
         Some(decide_response::Result::Decision(decision)) => json!({"decision": decision_json(decision)}),
     };
@@ -269,6 +272,7 @@ fn decision_json(decision: &Decision) -> Value {
         account,
         limits,
         tool,
+        resets_at,
     } = decision;
     let allowed = ProtoOutcome::try_from(*outcome) == Ok(ProtoOutcome::Allow);
     let reason = reason.as_ref().map(
@@ -277,9 +281,11 @@ fn decision_json(decision: &Decision) -> Value {
              path,
              subject,
              position,
+             message,
          }| {
             json!({
                 "code": code_name(*code),
+                "message": message,
                 "path": path,
                 "subject": subject,
                 "position": position.as_ref().map(|Position { line, column }| json!({"line": line, "column": column})),
@@ -287,6 +293,9 @@ fn decision_json(decision: &Decision) -> Value {
         },
     );
     let mut value = json!({"outcome": if allowed { "allow" } else { "deny" }, "reason": reason});
+    if let Some(resets_at) = resets_at {
+        value["resets_at"] = json!(at_text(Some(resets_at)));
+    }
     if let Some(Account { id, secret_ref }) = account {
         value["account"] = json!({"id": id, "secret_ref": secret_ref});
     }
@@ -366,19 +375,29 @@ mod tests {
                     path: "/grants/0".into(),
                     subject: "a.b".into(),
                     position: Some(Position { line: 3, column: 5 }),
+                    message: "the ceiling of the winning grant is exhausted (`a.b`)".into(),
                 }),
                 account: None,
                 limits: None,
                 tool: None,
+                resets_at: Some(convert::timestamp(1_796_083_200_000)),
             })),
         };
         let text = human(&response);
         assert!(
             text.contains("DENIED") && text.contains("limit_exhausted") && text.contains("3:5  /grants/0")
         );
-        assert!(!text.contains("account") && !text.contains("ceiling"));
+        assert!(text.contains("exhausted (`a.b`)") && text.contains("retry     after 2026-12-01T"));
+        assert!(
+            !text.contains("  account ") && !text.contains("  ceiling "),
+            "{text}"
+        );
         let value = to_json(&response);
         assert_eq!(value["result"]["decision"]["outcome"], "deny");
         assert!(value["result"]["decision"].get("limits").is_none());
+        assert!(value["result"]["decision"]["resets_at"]
+            .as_str()
+            .unwrap()
+            .starts_with("2026-12-01T"));
     }
 }

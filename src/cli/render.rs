@@ -57,16 +57,6 @@ pub fn attribute_list<'a>(pairs: impl IntoIterator<Item = (&'a String, &'a Strin
     }
 }
 
-/// One line of prose per authentication problem.
-pub fn describe_problem(problem: AuthProblem) -> &'static str {
-    match problem {
-        AuthProblem::IssuerUnknown => "the issuer is not declared in the policy",
-        AuthProblem::CredentialMissing => "the subject is empty or blank, so no identity arrives",
-        AuthProblem::CredentialInvalid => "the credential is not valid",
-        AuthProblem::CredentialExpired => "the credential has expired",
-    }
-}
-
 /// The principal block of `explain` and `visible`: who it resolved to and
 /// which attributes the issuer does not declare.
 pub fn principal(out: &mut String, resolution: Result<(&Principal, &[String]), AuthProblem>) {
@@ -89,12 +79,7 @@ pub fn principal(out: &mut String, resolution: Result<(&Principal, &[String]), A
         }
         Err(problem) => {
             let _ = writeln!(out, "NO PRINCIPAL");
-            let _ = writeln!(
-                out,
-                "  problem   {} — {}",
-                problem.as_str(),
-                describe_problem(problem)
-            );
+            let _ = writeln!(out, "  problem   {} — {}", problem.as_str(), problem.describe());
         }
     }
 }

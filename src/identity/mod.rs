@@ -13,6 +13,7 @@
 //! error, a log line or a returned value. Static keys are kept as SHA-256
 //! digests and compared in constant time.
 
+pub mod certificate;
 pub mod jwks;
 pub mod jwt;
 
@@ -35,7 +36,7 @@ pub enum Presented<'a> {
     BearerToken(&'a str),
     /// A `static-key` issuer's key.
     ApiKey(&'a str),
-    /// An Envoy XFCC value or a bare DN from the TLS terminator.
+    /// An Envoy XFCC value, a bare DN or a PEM certificate from the TLS terminator.
     ClientCertificate(&'a str),
 }
 
@@ -101,7 +102,8 @@ pub fn candidates<'p>(
     }
 }
 
-/// A client certificate's principal. Without a hint there must be exactly
+/// A client certificate's principal, from an XFCC value, a bare DN or the
+/// certificate itself as PEM ([`certificate`]). Without a hint there must be exactly
 /// one `mtls` issuer: a DN carries no issuer of its own, and choosing among
 /// several would be a guess (`issuer_unknown`; send the hint).
 pub fn client_certificate(
@@ -109,9 +111,14 @@ pub fn client_certificate(
     hint: Option<&str>,
     forwarded: &str,
 ) -> Result<Resolution, AuthProblem> {
-    match candidates(issuers, IssuerKind::Mtls, hint)?.as_slice() {
-        [issuer] => credential::from_client_certificate(issuer, forwarded),
-        _ => Err(AuthProblem::IssuerUnknown),
+    let found = candidates(issuers, IssuerKind::Mtls, hint)?;
+    let [issuer] = found.as_slice() else {
+        return Err(AuthProblem::IssuerUnknown);
+    };
+    if certificate::is_pem(forwarded) {
+        credential::from_client_certificate(issuer, &certificate::subject_dn(forwarded)?)
+    } else {
+        credential::from_client_certificate(issuer, forwarded)
     }
 }
 
@@ -185,6 +192,16 @@ impl StaticKeys {
             [issuer] => credential::from_static_key(issuer),
             _ => Err(AuthProblem::CredentialInvalid),
         }
+    }
+
+    /// Whether a key presented for `issuer` can authenticate anyone: its key was read and no
+    /// other issuer shares it.
+    pub fn can_authenticate(&self, issuer: &str) -> bool {
+        let readable = self
+            .digests
+            .iter()
+            .any(|(id, digest)| id == issuer && digest.is_some());
+        readable && !self.shared().iter().any(|(a, b)| *a == issuer || *b == issuer)
     }
 
     /// Issuer ids that share one key (each such key authenticates nobody).

@@ -39,6 +39,9 @@ pub struct Active {
     pub catalog_version: Option<String>,
     /// The `static-key` issuers' keys, read when this version was installed.
     pub static_keys: StaticKeys,
+    /// When this replica compiled it, right before installing it (`WatchPolicy`'s
+    /// `installed_at`).
+    pub installed_at_ms: i64,
 }
 
 impl Active {
@@ -58,6 +61,7 @@ impl Active {
             document,
             catalog_version,
             static_keys,
+            installed_at_ms: crate::clock::now(),
         }
     }
 

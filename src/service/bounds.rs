@@ -34,7 +34,7 @@ use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
 use crate::wire::proto::{
     credential, decide_request, list_visible_request, AssertedPrincipal, Credential, DecideRequest,
-    ListVisibleRequest, PublishPolicyRequest,
+    ListVisibleRequest, NoteDecisionRequest, NoteKind, PublishPolicyRequest,
 };
 
 pub const MAX_ISSUER: usize = 512;
@@ -217,6 +217,34 @@ pub fn list_visible(request: &ListVisibleRequest) -> Result<(), Status> {
         None => check.required("caller", false, "a `credential` or a `principal`"),
     }
     check.text(|| "request_id".into(), request_id, MAX_REQUEST_ID);
+    check.finish()
+}
+
+/// A decision id (a UUIDv7 in its 36-character form).
+pub const MAX_DECISION_ID: usize = 64;
+/// A note's detail: one line on what happened.
+pub const MAX_NOTE_DETAIL: usize = 1024;
+
+pub fn note_decision(request: &NoteDecisionRequest) -> Result<(), Status> {
+    let NoteDecisionRequest {
+        decision_id,
+        kind,
+        detail,
+    } = request;
+    let mut check = Check::default();
+    check.required(
+        "decision_id",
+        !decision_id.is_empty(),
+        "the allow's `decision_id`",
+    );
+    let known = NoteKind::try_from(*kind).is_ok_and(|kind| kind != NoteKind::Unspecified);
+    check.required(
+        "kind",
+        known,
+        "NOTE_KIND_CREDENTIAL_FAILED or NOTE_KIND_UPSTREAM_FAILED",
+    );
+    check.text(|| "decision_id".into(), decision_id, MAX_DECISION_ID);
+    check.text(|| "detail".into(), detail, MAX_NOTE_DETAIL);
     check.finish()
 }
 

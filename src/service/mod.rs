@@ -87,6 +87,9 @@ pub struct State<S: Store> {
     pub claim_wait: Duration,
     /// The `oidc` issuers' discovery documents and keys.
     pub oidc: Arc<OidcDirectory>,
+    /// Turns true when the server is told to stop: long-lived streams (`WatchPolicy`) end on it,
+    /// so that draining does not wait for them.
+    pub stopping: watch::Receiver<bool>,
 }
 
 /// The configured extra roots for `https` discovery, as rustls takes them.
@@ -265,6 +268,7 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
         idempotency: Turns::default(),
         claim_wait: config.store_timeout * 2 + config.audit_timeout + config.oidc.fetch_timeout,
         oidc,
+        stopping: stopped.clone(),
     });
 
     let mut listeners = Vec::with_capacity(config.listen.len());
@@ -288,9 +292,19 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
         .http2_keepalive_interval(Some(config.connections.keepalive_interval))
         .http2_keepalive_timeout(Some(config.connections.keepalive_timeout))
         .max_concurrent_streams(config.connections.max_concurrent_streams);
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(crate::wire::proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    // Reflection in both versions (grpcio-reflection and older grpcurl builds speak only
+    // v1alpha), over capgate's protos, the health service's, and the `google.rpc` error details
+    // that `INVALID_ARGUMENT` carries, so that a client can decode `BadRequest` by reflection.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::wire::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .map_err(|error| StartError::Active(format!("reflection: {error}")))?;
+    let reflection = reflection()
         .build_v1()
         .map_err(|error| StartError::Active(format!("reflection: {error}")))?;
     let router = builder
@@ -300,6 +314,7 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
         .layer(crate::telemetry::RpcLayer)
         .add_service(health_service)
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .add_service(
             DecisionServiceServer::new(Decisions::new(state.clone()))
                 .max_decoding_message_size(MAX_DECISION_MESSAGE),

@@ -455,6 +455,44 @@ pub struct AuditRecord {
     pub door: Door,
 }
 
+/// What a gateway noted about an allowed call after it (`NoteDecision`), appended to the
+/// decision's audit trail. The record itself is never updated.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DecisionNote {
+    pub decision_id: String,
+    /// The gateway that noted it: always the one the allow was given to.
+    pub gateway: String,
+    pub kind: Note,
+    /// As the gateway wrote it (bounded; the gateway's to keep free of secrets).
+    pub detail: String,
+    pub at_ms: i64,
+}
+
+/// What happened at the gateway after an allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Note {
+    /// The account's secret could not be resolved: nothing was executed.
+    CredentialFailed,
+    /// The upstream could not be reached, or failed the call.
+    UpstreamFailed,
+}
+
+impl Note {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Note::CredentialFailed => "credential_failed",
+            Note::UpstreamFailed => "upstream_failed",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Note> {
+        [Note::CredentialFailed, Note::UpstreamFailed]
+            .into_iter()
+            .find(|note| note.as_str() == text)
+    }
+}
+
 /// What `capgate audit` asks for. Every field that is set must match.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct AuditFilter {
@@ -611,6 +649,17 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn query_audit(&self, filter: &AuditFilter)
         -> impl Future<Output = StoreResult<Vec<AuditRecord>>> + Send;
 
+    /// Stores `note` when `note.gateway` was given the allow `note.decision_id` names, and says
+    /// whether it was (`false`: no such allow for that gateway). A second note of the same kind
+    /// for the same decision keeps the first: a retried call notes once.
+    fn note_decision(&self, note: &DecisionNote) -> impl Future<Output = StoreResult<bool>> + Send;
+
+    /// The notes on these decisions, oldest first.
+    fn decision_notes(
+        &self,
+        decision_ids: &[String],
+    ) -> impl Future<Output = StoreResult<Vec<DecisionNote>>> + Send;
+
     // ── Audit retention (docs/decisions/0009-audit-partitioning.md) ───────
 
     /// Makes sure the audit periods from the one holding `now_ms` through
@@ -756,6 +805,14 @@ impl Store for AnyStore {
 
     async fn forget_requests(&self, before_ms: i64) -> StoreResult<u64> {
         with_store!(self, store => store.forget_requests(before_ms).await)
+    }
+
+    async fn note_decision(&self, note: &DecisionNote) -> StoreResult<bool> {
+        with_store!(self, store => store.note_decision(note).await)
+    }
+
+    async fn decision_notes(&self, decision_ids: &[String]) -> StoreResult<Vec<DecisionNote>> {
+        with_store!(self, store => store.decision_notes(decision_ids).await)
     }
 
     async fn query_audit(&self, filter: &AuditFilter) -> StoreResult<Vec<AuditRecord>> {

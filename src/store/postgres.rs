@@ -26,12 +26,13 @@ use tokio::sync::Mutex;
 
 use super::retention::{self, Period, RangeBounds};
 use super::sql::{
-    self, ActivatePlan, AuditIntegers, AuditRow, CounterRow, During, PolicyRow, PublishPlan, RememberedRow,
+    self, ActivatePlan, AuditIntegers, AuditRow, CounterRow, During, NoteRow, PolicyRow, PublishPlan,
+    RememberedRow,
 };
 use super::{
-    ActivateOutcome, AuditFilter, AuditRecord, Claim, Consumed, CounterKey, CounterReading, ExpectedRevision,
-    NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, Store, StoreError, StoreOptions,
-    StoreResult, StoredPolicy,
+    ActivateOutcome, AuditFilter, AuditRecord, Claim, Consumed, CounterKey, CounterReading, DecisionNote,
+    ExpectedRevision, NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, Store, StoreError,
+    StoreOptions, StoreResult, StoredPolicy,
 };
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
@@ -484,6 +485,54 @@ impl Store for PostgresStore {
             .collect()
     }
 
+    async fn note_decision(&self, note: &DecisionNote) -> StoreResult<bool> {
+        let DecisionNote {
+            decision_id,
+            gateway,
+            kind,
+            detail,
+            at_ms,
+        } = note;
+        let Some((from, until)) = sql::decided_around(decision_id) else {
+            return Ok(false);
+        };
+        let found: i64 = sqlx::query_scalar(sql::NOTED_ALLOW)
+            .bind(decision_id)
+            .bind(gateway)
+            .bind(from)
+            .bind(until)
+            .fetch_one(&self.pool)
+            .await
+            .during("note_decision")?;
+        if found == 0 {
+            return Ok(false);
+        }
+        sqlx::query(sql::INSERT_NOTE)
+            .bind(decision_id)
+            .bind(kind.as_str())
+            .bind(at_ms)
+            .bind(gateway)
+            .bind(detail)
+            .execute(&self.pool)
+            .await
+            .during("note_decision")?;
+        Ok(true)
+    }
+
+    async fn decision_notes(&self, decision_ids: &[String]) -> StoreResult<Vec<DecisionNote>> {
+        if decision_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        sql::notes_query::<Postgres>(decision_ids)
+            .build_query_as::<NoteRow>()
+            .fetch_all(&self.pool)
+            .await
+            .during("decision_notes")?
+            .into_iter()
+            .map(NoteRow::into_note)
+            .collect()
+    }
+
     async fn prepare_audit_periods(&self, now_ms: i64) -> StoreResult<()> {
         let wanted: BTreeSet<Period> = retention::periods_from(now_ms).into_iter().collect();
         let existing = partitions(&self.pool).await.during("prepare_audit_periods")?;
@@ -732,6 +781,12 @@ impl PostgresStore {
             sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE {targets}")))
                 .execute(&mut *tx)
                 .await?;
+            if let Some(until) = pruned.iter().map(|period| period.until_ms).max() {
+                sqlx::query(sql::FORGET_NOTES)
+                    .bind(until)
+                    .execute(&mut *tx)
+                    .await?;
+            }
             tx.commit().await?;
         }
         Ok(Some(pruned))

@@ -12,8 +12,8 @@
 use sqlx::{Database, Encode, QueryBuilder, Type};
 
 use super::{
-    AuditFilter, AuditRecord, Claim, CounterReading, Door, ExpectedRevision, NewPolicy, RecordCode,
-    RecordKind, RecordOutcome, Remembered, StoreError, StoreResult, StoredPolicy,
+    AuditFilter, AuditRecord, Claim, CounterReading, DecisionNote, Door, ExpectedRevision, NewPolicy, Note,
+    RecordCode, RecordKind, RecordOutcome, Remembered, StoreError, StoreResult, StoredPolicy,
 };
 
 /// Names the operation a database failure happened in. There is no
@@ -159,6 +159,77 @@ pub(super) async fn claimed(
         None => Claim::Taken,
     })
 }
+
+/// `note_decision`: the allow exists, was given to gateway `$2`, and was decided between `$3`
+/// and `$4` (around its UUIDv7's instant, so that PostgreSQL reads one or two partitions).
+pub(super) const NOTED_ALLOW: &str = "SELECT count(*) FROM audit_log WHERE decision_id = $1 \
+     AND gateway = $2 AND kind = 'decide' AND outcome = 'allow' AND at >= $3 AND at < $4";
+pub(super) const INSERT_NOTE: &str = "INSERT INTO decision_notes (decision_id, kind, at, gateway, detail) \
+     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (decision_id, kind) DO NOTHING";
+
+/// How far from its id's instant a decision's `at` is looked for: the id and `at` are taken
+/// from the same clock moments apart; a day is room for any skew a replica may have.
+const NOTE_SEARCH_MS: i64 = 24 * 60 * 60 * 1000;
+
+/// The `at` range a decision id's record lies in, or `None` for an id that is no UUIDv7.
+pub(super) fn decided_around(decision_id: &str) -> Option<(i64, i64)> {
+    let id = uuid::Uuid::parse_str(decision_id).ok()?;
+    let (seconds, nanos) = id.get_timestamp()?.to_unix();
+    let ms = i64::try_from(seconds).ok()?.checked_mul(1000)? + i64::from(nanos / 1_000_000);
+    Some((
+        ms.saturating_sub(NOTE_SEARCH_MS),
+        ms.saturating_add(NOTE_SEARCH_MS),
+    ))
+}
+
+/// `decision_notes`: the notes on the given decisions.
+pub(super) fn notes_query<DB>(decision_ids: &[String]) -> QueryBuilder<DB>
+where
+    DB: Database,
+    DB::Arguments: Default,
+    String: for<'q> Encode<'q, DB> + Type<DB>,
+{
+    let mut query = QueryBuilder::new(
+        "SELECT decision_id, kind, at, gateway, detail FROM decision_notes WHERE decision_id IN (",
+    );
+    let mut ids = query.separated(", ");
+    for id in decision_ids {
+        ids.push_bind(id.clone());
+    }
+    query.push(") ORDER BY at, decision_id, kind");
+    query
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct NoteRow {
+    decision_id: String,
+    kind: String,
+    at: i64,
+    gateway: String,
+    detail: String,
+}
+
+impl NoteRow {
+    pub(super) fn into_note(self) -> StoreResult<DecisionNote> {
+        let NoteRow {
+            decision_id,
+            kind,
+            at,
+            gateway,
+            detail,
+        } = self;
+        Ok(DecisionNote {
+            decision_id,
+            gateway,
+            kind: to_typed(kind, "decision_notes.kind", Note::parse)?,
+            detail,
+            at_ms: at,
+        })
+    }
+}
+
+/// `prune_audit`: the notes made before the cutoff `$1` go with the records.
+pub(super) const FORGET_NOTES: &str = "DELETE FROM decision_notes WHERE at < $1";
 
 /// `forget_requests`: the answers and the claims made before `$1`, in one transaction.
 pub(super) const FORGET_ANSWERS: &str = "DELETE FROM remembered_responses WHERE at < $1";

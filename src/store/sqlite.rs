@@ -40,12 +40,13 @@ use tokio::sync::{Mutex, MutexGuard};
 
 use super::retention::{self, Period};
 use super::sql::{
-    self, ActivatePlan, AuditIntegers, AuditRow, CounterRow, During, PolicyRow, PublishPlan, RememberedRow,
+    self, ActivatePlan, AuditIntegers, AuditRow, CounterRow, During, NoteRow, PolicyRow, PublishPlan,
+    RememberedRow,
 };
 use super::{
-    ActivateOutcome, AuditFilter, AuditRecord, Claim, Consumed, CounterKey, CounterReading, ExpectedRevision,
-    NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, Store, StoreError, StoreOptions,
-    StoreResult, StoredPolicy,
+    ActivateOutcome, AuditFilter, AuditRecord, Claim, Consumed, CounterKey, CounterReading, DecisionNote,
+    ExpectedRevision, NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, Store, StoreError,
+    StoreOptions, StoreResult, StoredPolicy,
 };
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
@@ -535,6 +536,55 @@ impl Store for SqliteStore {
             .collect()
     }
 
+    async fn note_decision(&self, note: &DecisionNote) -> StoreResult<bool> {
+        let DecisionNote {
+            decision_id,
+            gateway,
+            kind,
+            detail,
+            at_ms,
+        } = note;
+        let Some((from, until)) = sql::decided_around(decision_id) else {
+            return Ok(false);
+        };
+        let found: i64 = sqlx::query_scalar(sql::NOTED_ALLOW)
+            .bind(decision_id)
+            .bind(gateway)
+            .bind(from)
+            .bind(until)
+            .fetch_one(&self.pool)
+            .await
+            .during("note_decision")?;
+        if found == 0 {
+            return Ok(false);
+        }
+        let _turn = self.write_turn().await;
+        sqlx::query(sql::INSERT_NOTE)
+            .bind(decision_id)
+            .bind(kind.as_str())
+            .bind(at_ms)
+            .bind(gateway)
+            .bind(detail)
+            .execute(&self.pool)
+            .await
+            .during("note_decision")?;
+        Ok(true)
+    }
+
+    async fn decision_notes(&self, decision_ids: &[String]) -> StoreResult<Vec<DecisionNote>> {
+        if decision_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        sql::notes_query::<Sqlite>(decision_ids)
+            .build_query_as::<NoteRow>()
+            .fetch_all(&self.pool)
+            .await
+            .during("decision_notes")?
+            .into_iter()
+            .map(NoteRow::into_note)
+            .collect()
+    }
+
     async fn prepare_audit_periods(&self, _now_ms: i64) -> StoreResult<()> {
         Ok(())
     }
@@ -591,8 +641,18 @@ impl Store for SqliteStore {
             });
             from = until;
         }
-        if let Some(tx) = snapshot {
-            tx.rollback().await.during("prune_audit")?;
+        match snapshot {
+            Some(tx) => tx.rollback().await.during("prune_audit")?,
+            None => {
+                if let Some(until) = pruned.iter().map(|period| period.until_ms).max() {
+                    let _turn = self.write_turn().await;
+                    sqlx::query(sql::FORGET_NOTES)
+                        .bind(until)
+                        .execute(&self.pool)
+                        .await
+                        .during("prune_audit")?;
+                }
+            }
         }
         Ok(pruned)
     }

@@ -103,6 +103,11 @@ pub fn reason_code(code: ReasonCode) -> proto::ReasonCode {
     }
 }
 
+/// `UnknownTool.message`: one line naming the tool asked for.
+pub fn unknown_tool_message(name: &str) -> String {
+    format!("no tool `{name}` is exposed: it is not in the active catalog, or not mapped to a capability")
+}
+
 pub fn auth_problem(problem: AuthProblem) -> proto::AuthProblem {
     match problem {
         AuthProblem::CredentialMissing => proto::AuthProblem::CredentialMissing,
@@ -120,6 +125,7 @@ pub fn reason(reason: &Reason<'_>, document: Option<&Document>) -> proto::Reason
         path: (*path).to_owned(),
         subject: (*subject).to_owned(),
         position: position(document.and_then(|document| document.resolve(path))),
+        message: reason.message(),
     }
 }
 
@@ -139,13 +145,15 @@ pub fn ceiling(limits: &Limits) -> proto::Ceiling {
 /// A decision as the wire carries it. `secret_ref`, `standing` and `tool`
 /// are what the service adds to an allow: the account's secret reference,
 /// the counter after consumption (when a ceiling applies) and the tool asked
-/// for (when the target was a tool). A deny gets none of them.
+/// for (when the target was a tool). A deny gets none of them; `limit_exhausted` gets
+/// `resets_at`, when its window ends.
 pub fn decision(
     decision: &Decision<'_>,
     document: Option<&Document>,
     secret_ref: &str,
     standing: Option<Standing>,
     tool: Option<proto::Tool>,
+    resets_at: Option<i64>,
 ) -> proto::Decision {
     match decision {
         Decision::Allow(Allow {
@@ -178,6 +186,7 @@ pub fn decision(
                     }
                 }),
                 tool,
+                resets_at: None,
             }
         }
         Decision::Deny(why) => proto::Decision {
@@ -186,6 +195,7 @@ pub fn decision(
             account: None,
             limits: None,
             tool: None,
+            resets_at: resets_at.map(timestamp),
         },
     }
 }

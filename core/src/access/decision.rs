@@ -66,6 +66,14 @@ pub struct Reason<'a> {
     pub subject: &'a str,
 }
 
+impl Reason<'_> {
+    /// One line for a person: the code's prose and what it is about, e.g. "the execution
+    /// account is disabled (`release-robot`)". The code is the contract; this is for showing.
+    pub fn message(&self) -> String {
+        format!("{} (`{}`)", self.code.describe(), self.subject)
+    }
+}
+
 /// An allow: the reason, the account the call runs as, and the winning
 /// grant's ceiling (if it declares one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

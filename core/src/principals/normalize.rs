@@ -31,6 +31,16 @@ impl AuthProblem {
             AuthProblem::IssuerUnknown => "issuer_unknown",
         }
     }
+
+    /// One line of prose for a person (never quoting the credential).
+    pub fn describe(self) -> &'static str {
+        match self {
+            AuthProblem::IssuerUnknown => "the issuer is not declared in the policy",
+            AuthProblem::CredentialMissing => "no credential was presented, or it names no subject",
+            AuthProblem::CredentialInvalid => "the credential is not valid",
+            AuthProblem::CredentialExpired => "the credential has expired",
+        }
+    }
 }
 
 /// A normalised principal and the attribute names that were dropped because

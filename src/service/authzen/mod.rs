@@ -6,6 +6,7 @@
 //! | `POST /access/v1/evaluation` | one `tools/call` decision (`pipeline::decide`) |
 //! | `POST /access/v1/evaluations` | a batch of them, with `options.evaluations_semantic` |
 //! | `POST /access/v1/search/resource` | the tools (or capabilities) the subject may call (`pipeline::list`) |
+//! | `POST /access/v1/search/subject` | who may call a tool: `who-can` (`subjects.rs`; admin token) |
 //! | `GET /.well-known/authzen-configuration` | the PDP metadata: which of the above are served |
 //! | `GET /healthz`, `GET /readyz` | alive; ready once a policy version is active |
 //!
@@ -19,6 +20,7 @@
 
 mod mapping;
 mod server;
+mod subjects;
 
 use std::sync::Arc;
 
@@ -48,6 +50,7 @@ pub use server::HttpServer;
 const EVALUATION: &str = "POST /access/v1/evaluation";
 const EVALUATIONS: &str = "POST /access/v1/evaluations";
 const SEARCH_RESOURCE: &str = "POST /access/v1/search/resource";
+const SEARCH_SUBJECT: &str = "POST /access/v1/search/subject";
 
 /// The router over the shared state; `tls` says which scheme the metadata's URLs take.
 fn router<S: Store>(state: Arc<State<S>>, tls: bool) -> Router {
@@ -56,6 +59,7 @@ fn router<S: Store>(state: Arc<State<S>>, tls: bool) -> Router {
         .route("/access/v1/evaluation", post(evaluation::<S>))
         .route("/access/v1/evaluations", post(evaluations::<S>))
         .route("/access/v1/search/resource", post(search_resource::<S>))
+        .route("/access/v1/search/subject", post(search_subject::<S>))
         .route("/.well-known/authzen-configuration", get(configuration::<S>))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz::<S>))
@@ -138,21 +142,23 @@ struct Posted {
 
 /// Authenticates the gateway, then reads the request id and the body, in that order: an
 /// unauthenticated caller learns nothing about its request.
-async fn posted<S: Store>(state: &State<S>, headers: &HeaderMap, body: Body) -> Result<Posted, Failed> {
-    let gateway = state
-        .tokens
-        .authorize_http(headers, Role::Gateway)
-        .map_err(|status| {
-            let code = if status.code() == tonic::Code::PermissionDenied {
-                403
-            } else {
-                401
-            };
-            Problem {
-                status: code,
-                message: status.message().to_owned(),
-            }
-        })?;
+async fn posted<S: Store>(
+    state: &State<S>,
+    headers: &HeaderMap,
+    body: Body,
+    role: Role,
+) -> Result<Posted, Failed> {
+    let gateway = state.tokens.authorize_http(headers, role).map_err(|status| {
+        let code = if status.code() == tonic::Code::PermissionDenied {
+            403
+        } else {
+            401
+        };
+        Problem {
+            status: code,
+            message: status.message().to_owned(),
+        }
+    })?;
     let request_id_header = headers.get("x-request-id").cloned();
     let request_id = match &request_id_header {
         None => None,
@@ -234,7 +240,7 @@ async fn evaluate_one<S: Store>(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, Failed> {
-    let posted = posted(state, headers, body).await?;
+    let posted = posted(state, headers, body, Role::Gateway).await?;
     let with_id = |problem: Problem| Failed {
         problem,
         request_id: posted.request_id_header.clone(),
@@ -276,7 +282,7 @@ async fn evaluate_batch<S: Store>(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, Failed> {
-    let posted = posted(state, headers, body).await?;
+    let posted = posted(state, headers, body, Role::Gateway).await?;
     let with_id = |problem: Problem| Failed {
         problem,
         request_id: posted.request_id_header.clone(),
@@ -413,12 +419,15 @@ fn decision_object(answer: &Answer<'_>) -> Value {
         Verdict::Unauthenticated(problem) => {
             context.insert(
                 "reason".into(),
-                json!({"code": "unauthenticated", "problem": problem.as_str()}),
+                json!({"code": "unauthenticated", "problem": problem.as_str(), "message": problem.describe()}),
             );
             false
         }
-        Verdict::UnknownTool(_) => {
-            context.insert("reason".into(), json!({"code": "unknown_tool"}));
+        Verdict::UnknownTool(name) => {
+            context.insert(
+                "reason".into(),
+                json!({"code": "unknown_tool", "message": crate::wire::convert::unknown_tool_message(name)}),
+            );
             false
         }
         Verdict::Decided(decided) => match &decided.decision {
@@ -430,7 +439,7 @@ fn decision_object(answer: &Answer<'_>) -> Value {
             }) => {
                 context.insert(
                     "reason".into(),
-                    json!({"code": reason.code.as_str(), "pointer": reason.path}),
+                    json!({"code": reason.code.as_str(), "pointer": reason.path, "message": reason.message()}),
                 );
                 context.insert(
                     "account".into(),
@@ -454,10 +463,11 @@ fn decision_object(answer: &Answer<'_>) -> Value {
                 true
             }
             Decision::Deny(reason) => {
-                context.insert(
-                    "reason".into(),
-                    json!({"code": reason.code.as_str(), "pointer": reason.path}),
-                );
+                let mut why = json!({"code": reason.code.as_str(), "pointer": reason.path, "message": reason.message()});
+                if let Some(resets_at) = decided.resets_at {
+                    why["resets_at"] = json!(crate::clock::format(resets_at));
+                }
+                context.insert("reason".into(), why);
                 false
             }
         },
@@ -483,7 +493,7 @@ async fn search_resource<S: Store>(
 /// subject may call (`resource.type = "tool"`) or the capabilities (`"capability"`). The whole
 /// set is one page: capgate's listing is bounded (docs/decisions/0015), so no `next_token`.
 async fn search<S: Store>(state: &State<S>, headers: &HeaderMap, body: Body) -> Result<Response, Failed> {
-    let posted = posted(state, headers, body).await?;
+    let posted = posted(state, headers, body, Role::Gateway).await?;
     let with_id = |problem: Problem| Failed {
         problem,
         request_id: posted.request_id_header.clone(),
@@ -566,6 +576,36 @@ fn found(listing: &Listing<'_>, kind: Kind) -> Value {
     })
 }
 
+async fn search_subject<S: Store>(
+    Shared(door): Shared<Arc<Served<S>>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    telemetry::rpc::http(SEARCH_SUBJECT, &headers.clone(), async move {
+        match who_can(&door.state, &headers, body).await {
+            Ok(response) => response,
+            Err(failed) => failed.into_response(),
+        }
+    })
+    .await
+}
+
+/// A subject search: the policy's map for one target, so the admin token (`subjects.rs`).
+async fn who_can<S: Store>(state: &State<S>, headers: &HeaderMap, body: Body) -> Result<Response, Failed> {
+    let posted = posted(state, headers, body, Role::Admin).await?;
+    let with_id = |problem: Problem| Failed {
+        problem,
+        request_id: posted.request_id_header.clone(),
+    };
+    let asked = subjects::read(&posted.request).map_err(with_id)?;
+    let active = pipeline::current(state).map_err(refused).map_err(with_id)?;
+    let at_ms = crate::clock::now();
+    Ok(answered(
+        &subjects::answer(&active, &asked, at_ms),
+        posted.request_id_header.clone(),
+    ))
+}
+
 /// The PDP metadata (spec §"Policy Decision Point Metadata"): the endpoints this door serves,
 /// under the base URL the PEP reached it at. It holds nothing secret, so it needs no token.
 async fn configuration<S: Store>(Shared(door): Shared<Arc<Served<S>>>, headers: HeaderMap) -> Response {
@@ -589,6 +629,7 @@ async fn configuration<S: Store>(Shared(door): Shared<Arc<Served<S>>>, headers: 
             "access_evaluation_endpoint": format!("{base}/access/v1/evaluation"),
             "access_evaluations_endpoint": format!("{base}/access/v1/evaluations"),
             "search_resource_endpoint": format!("{base}/access/v1/search/resource"),
+            "search_subject_endpoint": format!("{base}/access/v1/search/subject"),
         }),
     )
 }

@@ -6,6 +6,8 @@
 use std::sync::Arc;
 
 use prost::Message;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::identity::Presented;
@@ -14,13 +16,13 @@ use crate::service::bounds;
 use crate::service::identify::{Asked, AssertedCaller};
 use crate::service::pipeline::{self, Answer, Ask, Listing, Replied, Target, Verdict};
 use crate::service::State;
-use crate::store::{Door, Store};
+use crate::store::{DecisionNote, Door, Note, Store};
 use crate::wire::convert;
 use crate::wire::proto::{
     self, credential, decide_request, decide_response, decision_service_server::DecisionService,
     list_visible_request, list_visible_response, AssertedPrincipal, Credential, DecideRequest,
-    DecideResponse, ListVisibleRequest, ListVisibleResponse, Unauthenticated, UnknownTool, Visible,
-    VisibleCapability,
+    DecideResponse, ListVisibleRequest, ListVisibleResponse, NoteDecisionRequest, NoteDecisionResponse,
+    NoteKind, PolicyRevision, Unauthenticated, UnknownTool, Visible, VisibleCapability, WatchPolicyRequest,
 };
 
 /// The decision service over a store.
@@ -103,6 +105,87 @@ impl<S: Store> DecisionService for Decisions<S> {
             .map_err(super::status)?;
         Ok(Response::new(listed(&listing)))
     }
+
+    type WatchPolicyStream = ReceiverStream<Result<PolicyRevision, Status>>;
+
+    /// The active version now (once there is one) and at every installation. A watcher that
+    /// falls behind gets the latest version, not every one in between; the stream ends when
+    /// the watcher goes away or the server stops.
+    async fn watch_policy(
+        &self,
+        request: Request<WatchPolicyRequest>,
+    ) -> Result<Response<Self::WatchPolicyStream>, Status> {
+        self.state.tokens.authorize(request.metadata(), Role::Gateway)?;
+        let mut installed = self.state.active.subscribe();
+        let mut stopping = self.state.stopping.clone();
+        let (sender, receiver) = mpsc::channel(1);
+        tokio::spawn(async move {
+            let mut sent: Option<u64> = None;
+            loop {
+                let current = installed.borrow_and_update().clone();
+                if let Some(active) = current.filter(|active| sent != Some(active.revision)) {
+                    sent = Some(active.revision);
+                    let revision = PolicyRevision {
+                        policy_revision: active.revision,
+                        policy_version: active.version.clone(),
+                        installed_at: Some(convert::timestamp(active.installed_at_ms)),
+                    };
+                    tokio::select! {
+                        delivered = sender.send(Ok(revision)) => if delivered.is_err() { return },
+                        _ = stopping.wait_for(|stop| *stop) => return,
+                    }
+                }
+                tokio::select! {
+                    changed = installed.changed() => if changed.is_err() { return },
+                    () = sender.closed() => return,
+                    _ = stopping.wait_for(|stop| *stop) => return,
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(receiver)))
+    }
+
+    async fn note_decision(
+        &self,
+        request: Request<NoteDecisionRequest>,
+    ) -> Result<Response<NoteDecisionResponse>, Status> {
+        let gateway = self.state.tokens.authorize(request.metadata(), Role::Gateway)?;
+        let request = request.into_inner();
+        bounds::note_decision(&request)?;
+        let NoteDecisionRequest {
+            decision_id,
+            kind,
+            detail,
+        } = request;
+        let kind = match NoteKind::try_from(kind) {
+            Ok(NoteKind::CredentialFailed) => Note::CredentialFailed,
+            Ok(NoteKind::UpstreamFailed) => Note::UpstreamFailed,
+            // `bounds::note_decision` refused this already.
+            Ok(NoteKind::Unspecified) | Err(_) => return Err(Status::invalid_argument("`kind`: required")),
+        };
+        let note = DecisionNote {
+            decision_id,
+            gateway: gateway.name,
+            kind,
+            detail,
+            at_ms: crate::clock::now(),
+        };
+        match tokio::time::timeout(self.state.store_timeout, self.state.store.note_decision(&note)).await {
+            Ok(Ok(true)) => Ok(Response::new(NoteDecisionResponse {})),
+            Ok(Ok(false)) => Err(Status::not_found(
+                "`decision_id`: no allow with this id was given to this gateway",
+            )),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "a decision note could not be stored");
+                Err(Status::unavailable(
+                    "the audit store did not take the note; retry",
+                ))
+            }
+            Err(_) => Err(Status::unavailable(
+                "the audit store did not answer in time; retry",
+            )),
+        }
+    }
 }
 
 fn asserted(principal: &AssertedPrincipal) -> Asked<'_> {
@@ -149,10 +232,12 @@ fn response(answer: &Answer<'_>) -> DecideResponse {
     let result = match verdict {
         Verdict::Unauthenticated(problem) => decide_response::Result::Unauthenticated(Unauthenticated {
             problem: convert::auth_problem(*problem).into(),
+            message: problem.describe().to_owned(),
         }),
-        Verdict::UnknownTool(name) => {
-            decide_response::Result::UnknownTool(UnknownTool { name: name.clone() })
-        }
+        Verdict::UnknownTool(name) => decide_response::Result::UnknownTool(UnknownTool {
+            name: name.clone(),
+            message: convert::unknown_tool_message(name),
+        }),
         Verdict::Decided(decided) => decide_response::Result::Decision(convert::decision(
             &decided.decision,
             active.document(),
@@ -161,6 +246,7 @@ fn response(answer: &Answer<'_>) -> DecideResponse {
             decided
                 .tool
                 .map(|(tool, transport)| convert::tool(tool, transport)),
+            decided.resets_at,
         )),
     };
     DecideResponse {
@@ -186,6 +272,7 @@ fn listed(listing: &Listing<'_>) -> ListVisibleResponse {
     let result = match seen {
         Err(problem) => list_visible_response::Result::Unauthenticated(Unauthenticated {
             problem: convert::auth_problem(*problem).into(),
+            message: problem.describe().to_owned(),
         }),
         Ok(seen) => list_visible_response::Result::Visible(Visible {
             capabilities: seen

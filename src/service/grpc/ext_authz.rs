@@ -15,7 +15,7 @@
 //! | MCP method | `mcp-method` header (MCP 2026-07-28), `mcp_proxy` metadata `method` (Envoy's MCP filter), `x-mcp-method` (Kuadrant), the JSON-RPC body |
 //! | tool name | `mcp-name` header, `mcp_proxy` metadata `params.name`, `x-mcp-toolname` (Kuadrant), the body's `params.name` |
 //! | server name (for an un-prefixed tool) | `context_extensions.mcp_server` (the route's), `x-mcp-servername` header |
-//! | caller | `authorization: Bearer …`, the API-key header (`--ext-authz-api-key-header`), `x-forwarded-client-cert`, `source.principal` |
+//! | caller | `authorization: Bearer …`, the API-key header (`--ext-authz-api-key-header`), `x-forwarded-client-cert`, `source.certificate` (PEM), `source.principal` |
 //! | `request_id` | `x-request-id`, else `request.http.id` |
 //!
 //! A body, when Envoy forwards it (`with_request_body`), is parsed as JSON-RPC and must agree
@@ -43,6 +43,7 @@ use envoy_types::pb::envoy::service::auth::v3::{
 };
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value as ProtoValue};
 use envoy_types::pb::google::rpc;
+use percent_encoding::percent_decode_str;
 use prost::Message;
 use serde_json::{json, Value};
 use tonic::{Code, Request, Response, Status};
@@ -161,7 +162,8 @@ struct Forwarded<'a> {
     /// From `authorization: Bearer …`; another scheme counts as no bearer token.
     bearer: Option<&'a str>,
     api_key: Option<&'a str>,
-    certificate: Option<&'a str>,
+    /// An XFCC value or a DN, or the peer certificate as PEM (URL encoding undone).
+    certificate: Option<Cow<'a, str>>,
     request_id: Option<&'a str>,
     /// The JSON-RPC `id` of the body, echoed in an error body.
     rpc_id: Value,
@@ -271,12 +273,20 @@ impl<'a> Forwarded<'a> {
         if let Some(key) = api_key {
             fields.credential(&settings.api_key_header, key)?;
         }
+        // A front proxy's XFCC first; else the peer certificate Envoy saw itself, whole
+        // (`include_peer_certificate`, URL-encoded PEM), else its principal (a DN).
+        let source = attributes.and_then(|attributes| attributes.source.as_ref());
         let certificate = headers
             .get(CLIENT_CERT)
             .map(|value| (CLIENT_CERT, value))
             .or_else(|| {
-                attributes
-                    .and_then(|attributes| attributes.source.as_ref())
+                source
+                    .map(|source| source.certificate.as_str())
+                    .filter(|certificate| !certificate.is_empty())
+                    .map(|certificate| ("source.certificate", certificate))
+            })
+            .or_else(|| {
+                source
                     .map(|source| source.principal.as_str())
                     .filter(|principal| !principal.is_empty())
                     .map(|principal| ("source.principal", principal))
@@ -284,6 +294,10 @@ impl<'a> Forwarded<'a> {
         if let Some((field, value)) = certificate {
             fields.credential(field, value)?;
         }
+        let certificate = certificate.map(|(field, value)| match field {
+            "source.certificate" => percent_decode_str(value).decode_utf8_lossy(),
+            _ => Cow::Borrowed(value),
+        });
         let request_id = headers.get(REQUEST_ID).map(|id| (REQUEST_ID, id)).or_else(|| {
             http.map(|http| http.id.as_str())
                 .filter(|id| !id.is_empty())
@@ -297,7 +311,7 @@ impl<'a> Forwarded<'a> {
             tool: tool.map(|(_, name)| resolve(name)),
             bearer,
             api_key,
-            certificate: certificate.map(|(_, value)| value),
+            certificate,
             request_id: request_id.map(|(_, id)| id),
             rpc_id,
         })
@@ -348,12 +362,12 @@ impl<'a> Forwarded<'a> {
     }
 
     /// The caller's credential: a bearer token, else an API key, else a client certificate.
-    fn caller(&self) -> Asked<'a> {
+    fn caller(&self) -> Asked<'_> {
         let presented = self
             .bearer
             .map(Presented::BearerToken)
             .or(self.api_key.map(Presented::ApiKey))
-            .or(self.certificate.map(Presented::ClientCertificate));
+            .or(self.certificate.as_deref().map(Presented::ClientCertificate));
         Asked::Credential {
             presented,
             hint: None,
@@ -667,7 +681,7 @@ fn response(answer: &Answer<'_>, rpc_id: &Value) -> CheckResponse {
             };
             let body = error(
                 RPC_REFUSED,
-                format!("the caller is not authenticated: {code}"),
+                format!("the caller is not authenticated: {code}: {}", problem.describe()),
                 code,
                 "",
             );
@@ -729,7 +743,9 @@ fn response(answer: &Answer<'_>, rpc_id: &Value) -> CheckResponse {
                         ReasonCode::LimitExhausted => (
                             HttpCode::TooManyRequests,
                             Code::ResourceExhausted,
-                            retry_after(active, reason.path).into_iter().collect(),
+                            retry_after(active, reason.path, decided.resets_at, *at_ms)
+                                .into_iter()
+                                .collect(),
                         ),
                         ReasonCode::UsageUnknown => (
                             HttpCode::ServiceUnavailable,
@@ -738,7 +754,8 @@ fn response(answer: &Answer<'_>, rpc_id: &Value) -> CheckResponse {
                         ),
                         _ => (HttpCode::Forbidden, Code::PermissionDenied, Vec::new()),
                     };
-                    let body = error(RPC_REFUSED, format!("denied: {code}"), code, reason.path);
+                    let message = format!("denied: {code}: {}", reason.message());
+                    let body = error(RPC_REFUSED, message, code, reason.path);
                     denied(grpc, code, http, headers, &body, Some(metadata))
                 }
             }
@@ -763,9 +780,18 @@ fn rate_limit(limits: &Limits, standing: Standing, at_ms: i64) -> Vec<HeaderValu
     ]
 }
 
-/// `Retry-After` for an exhausted ceiling: the window of the grant the reason points at. A
-/// denial carries no counter, so this is an upper bound: the window ends within it.
-fn retry_after(active: &Active, pointer: &str) -> Option<HeaderValueOption> {
+/// `Retry-After` for an exhausted ceiling: the seconds until its window ends, or, when the
+/// window's start is not known, the window of the grant the reason points at (an upper bound).
+fn retry_after(
+    active: &Active,
+    pointer: &str,
+    resets_at: Option<i64>,
+    at_ms: i64,
+) -> Option<HeaderValueOption> {
+    if let Some(resets_at) = resets_at {
+        let seconds = (resets_at - at_ms).max(0).unsigned_abs().div_ceil(1000);
+        return Some(header("retry-after", &seconds.max(1).to_string()));
+    }
     let limits = active
         .policy
         .ruleset

@@ -340,7 +340,7 @@ fn refused_request(code: authorization_error::Code, reason: String) -> McpReques
 /// The decision as agentgateway takes it: `Pass` for an allow; an error whose reason and JSON-RPC
 /// payload carry the code, the pointer and the decision id for anything else.
 fn checked(answer: &Answer<'_>) -> McpRequestResult {
-    let (code, reason_code, pointer) = match &answer.verdict {
+    let (code, reason_code, pointer, message) = match &answer.verdict {
         Verdict::Decided(decided) => match &decided.decision {
             Decision::Allow(_) => return passed(),
             Decision::Deny(deny) => {
@@ -350,18 +350,29 @@ fn checked(answer: &Answer<'_>) -> McpRequestResult {
                     ReasonCode::UsageUnknown => authorization_error::Code::Unknown,
                     _ => authorization_error::Code::PermissionDenied,
                 };
-                (code, reason.code.as_str(), reason.path)
+                (code, reason.code.as_str(), reason.path, reason.message())
             }
         },
-        Verdict::Unauthenticated(problem) => {
-            (authorization_error::Code::PermissionDenied, problem.as_str(), "")
-        }
-        Verdict::UnknownTool(_) => (authorization_error::Code::PermissionDenied, "unknown_tool", ""),
+        Verdict::Unauthenticated(problem) => (
+            authorization_error::Code::PermissionDenied,
+            problem.as_str(),
+            "",
+            problem.describe().to_owned(),
+        ),
+        Verdict::UnknownTool(name) => (
+            authorization_error::Code::PermissionDenied,
+            "unknown_tool",
+            "",
+            crate::wire::convert::unknown_tool_message(name),
+        ),
     };
     let reason = if pointer.is_empty() {
-        format!("{reason_code} (decision {})", answer.decision_id)
+        format!("{reason_code} (decision {}): {message}", answer.decision_id)
     } else {
-        format!("{reason_code} at {pointer} (decision {})", answer.decision_id)
+        format!(
+            "{reason_code} at {pointer} (decision {}): {message}",
+            answer.decision_id
+        )
     };
     let data = Struct {
         fields: [

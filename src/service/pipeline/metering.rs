@@ -41,19 +41,28 @@ pub(super) async fn evaluate_metered<'a, S: Store>(
         capability,
     };
     let timeout = state.store_timeout;
+    // When the window last read ends: the earliest a call can be allowed again once it is full.
+    let mut resets_at = at.saturating_add_unsigned(ceiling.window_ms);
     for _ in 0..CONSUME_ATTEMPTS {
         let usage = read_usage(&state.store, key, at, timeout).await;
         let decision = evaluate(ruleset, principal, capability, at, usage);
         let found = match usage {
-            Usage::Counted { calls, window_start } => Some(ceiling.calls_counted(calls, window_start, at)),
+            Usage::Counted { calls, window_start } => {
+                if !ceiling.window_expired(window_start, at) {
+                    resets_at = window_start.saturating_add_unsigned(ceiling.window_ms);
+                }
+                Some(ceiling.calls_counted(calls, window_start, at))
+            }
             Usage::Unknown | Usage::NotConsulted => None,
         };
         if !decision.is_allow() {
+            let exhausted = decision.reason().code == ReasonCode::LimitExhausted;
             return Metered {
                 decision,
                 ceiling: Some(ceiling),
                 standing: None,
                 usage_calls: found,
+                resets_at: exhausted.then_some(resets_at),
             };
         }
         let consumed = telemetry::counter_store(
@@ -71,6 +80,7 @@ pub(super) async fn evaluate_metered<'a, S: Store>(
                     ceiling: Some(ceiling),
                     standing: Some(ceiling.standing(now.calls, now.window_start_ms)),
                     usage_calls: Some(now.calls),
+                    resets_at: None,
                 };
             }
             // Another request took the last call: read again and decide again.
@@ -95,6 +105,7 @@ pub(super) async fn evaluate_metered<'a, S: Store>(
         ceiling: Some(ceiling),
         standing: None,
         usage_calls: Some(ceiling.calls),
+        resets_at: Some(resets_at),
     }
 }
 
@@ -104,6 +115,7 @@ fn unmetered(decision: Decision<'_>) -> Metered<'_> {
         ceiling: None,
         standing: None,
         usage_calls: None,
+        resets_at: None,
     }
 }
 
@@ -119,6 +131,7 @@ fn unknown<'a>(
         ceiling: Some(ceiling),
         standing: None,
         usage_calls: None,
+        resets_at: None,
     }
 }
 

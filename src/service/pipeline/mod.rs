@@ -98,6 +98,8 @@ pub struct Decided<'a> {
     pub standing: Option<Standing>,
     /// On an allow asked for by tool name: the tool and the transport that reaches it.
     pub tool: Option<(&'a ToolDescriptor, Option<&'a Transport>)>,
+    /// On `limit_exhausted`: when the full window ends, the earliest a retry can be allowed.
+    pub resets_at: Option<i64>,
 }
 
 /// A decision's answer: fresh, or the one a retry's original got.
@@ -201,6 +203,7 @@ async fn decide_once<'a, S: Store>(
         secret_ref: None,
         standing: None,
         tool: None,
+        resets_at: metered.resets_at,
     };
     if let Decision::Allow(allow) = decision {
         decided.secret_ref = active
@@ -338,6 +341,8 @@ struct Metered<'a> {
     /// The count the ceiling was checked against: the window's calls including this one on an
     /// allow, the calls found on `limit_exhausted`.
     pub usage_calls: Option<u64>,
+    /// On `limit_exhausted`: when the full window ends.
+    pub resets_at: Option<i64>,
 }
 
 /// The version to decide on; fail closed without one.
