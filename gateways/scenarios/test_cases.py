@@ -46,5 +46,5 @@ def test_case(gateway, case: Case, transport: str) -> None:  # noqa: ANN001 - a 
     answer = anyio.run(drive)
     gateway.transcripts.append(transcript(answer))
     check_result(expand(spec["expect"], values), answer)
-    rows = [r for r in world.capgate.audit() if int(r.get("at", 0)) >= started_ms]
+    rows = [r for r in world.capgate.audit() if int(r.get("at_ms", r.get("at", 0))) >= started_ms]
     check_audit(expand(spec["audit"], values), rows, caller, answer)

@@ -63,8 +63,9 @@ def _supports_watch(capgate_url: str, admin_token: str) -> bool:
 def test_publish_mid_session_notifies_and_relists(gateway, transport: str) -> None:  # noqa: ANN001
     world = gateway.world
     admin_token = world.sentinels["ADMIN_TOKEN"]
-    if not _supports_watch(world.capgate.url, admin_token):
-        pytest.skip("this capgate build answers WatchPolicy UNIMPLEMENTED")
+    assert _supports_watch(world.capgate.url, admin_token), (
+        "this capgate build answers WatchPolicy UNIMPLEMENTED: the suite needs one that implements it"
+    )
     caller = mint_caller(world, "ana")
     appears = SUITE["publish"]["appears"]
     changed = yaml.safe_load(world.policy_text)
@@ -221,6 +222,5 @@ def test_capgate_implements_note_decision(gateway) -> None:  # noqa: ANN001
             return "noted"
 
     outcome = anyio.run(probe)
-    if outcome == "unimplemented":
-        pytest.skip("this capgate build answers NoteDecision UNIMPLEMENTED")
+    assert outcome != "unimplemented", "this capgate build answers NoteDecision UNIMPLEMENTED: the suite needs it"
     assert outcome == "not_found", f"a note on an unknown decision was {outcome}"

@@ -133,7 +133,7 @@ class SecretResolver:
     async def _oauth_token(self, ref: str) -> str:
         scheme = scheme_of(ref)
         request = _parse_oauth_ref(ref)
-        client_secret = await self._nested_secret(request.secret_ref)
+        client_secret = await self._nested_secret(scheme, request.secret_ref)
         # The cache key covers everything that changes the token, the client secret by hash only.
         key = "\0".join((request.token_url, request.client_id, request.scope, sha256(client_secret.encode()).hexdigest()))
         lock = self._locks.setdefault(key, anyio.Lock())
@@ -166,12 +166,12 @@ class SecretResolver:
                 self._tokens.pop(key, None)
             return token
 
-    async def _nested_secret(self, ref: str) -> str:
+    async def _nested_secret(self, outer: str, ref: str) -> str:
         scheme = scheme_of(ref)
         if not scheme:
-            raise CredentialError("oauth", "the client secret must itself be a secret reference")
+            raise CredentialError(outer, "the client secret must itself be a secret reference")
         if scheme.startswith("oauth+"):
-            raise CredentialError("oauth", "the client secret cannot be another oauth+ reference")
+            raise CredentialError(outer, "the client secret cannot be another oauth+ reference")
         return await self.resolve(ref)
 
 

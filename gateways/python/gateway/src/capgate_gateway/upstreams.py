@@ -32,6 +32,16 @@ from capgate_gateway import logs
 _TRANSPORT_CODES = {mcp_types.CONNECTION_CLOSED, mcp_types.REQUEST_TIMEOUT}
 
 
+def _cause(error: BaseException) -> str:
+    """The innermost failure's type, through the SDK's task-group exception groups.
+
+    Only the type: a message could quote a URL with credentials in it.
+    """
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return type(error).__name__
+
+
 class UpstreamError(Exception):
     """The upstream could not be reached or failed at the transport level; safe to show."""
 
@@ -70,7 +80,7 @@ class UpstreamPool:
             raise UpstreamError(f"the upstream `{route.upstream}` did not answer in {self._call_timeout:g}s") from None
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, httpx2.HTTPError) as error:
             self._discard(key, session)
-            raise UpstreamError(f"the upstream `{route.upstream}` failed ({type(error).__name__})") from None
+            raise UpstreamError(f"the upstream `{route.upstream}` failed ({_cause(error)})") from None
 
     async def aclose(self) -> None:
         for session in list(self._sessions.values()):
@@ -100,7 +110,7 @@ class UpstreamPool:
             except UpstreamError:
                 raise
             except Exception as error:  # noqa: BLE001 - any failure to connect is the upstream's
-                raise UpstreamError(f"cannot connect to the upstream `{route.upstream}` ({type(error).__name__})") from None
+                raise UpstreamError(f"cannot connect to the upstream `{route.upstream}` ({_cause(error)})") from None
             self._sessions[key] = session
             logs.event("upstream_connected", upstream=route.upstream, account=key[1])
             return session
