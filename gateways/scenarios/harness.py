@@ -34,7 +34,8 @@ from mcp.client.streamable_http import streamable_http_client
 SCENARIOS = Path(__file__).resolve().parent
 REPO = SCENARIOS.parents[1]
 PYTHON_PROJECT = REPO / "gateways" / "python"
-TS_CLI = REPO / "gateways" / "typescript" / "gateway" / "dist" / "cli.js"
+# CAPGATE_TS_GATEWAY_CLI points at another build (e.g. a TypeScript worktree) while developing.
+TS_CLI = Path(os.environ.get("CAPGATE_TS_GATEWAY_CLI") or REPO / "gateways" / "typescript" / "gateway" / "dist" / "cli.js")
 PYTHON = sys.executable
 START_TIMEOUT = 30.0
 
