@@ -140,6 +140,7 @@ class GatewayUnderTest:
     transcripts: list[str] = field(default_factory=list)
     """Every MCP answer a client got (results and errors), for the sentinel check."""
     stdio_logs: list[Path] = field(default_factory=list)
+    """Log files of stdio runs and of short-lived processes, for the sentinel check too."""
 
     def stdio_log(self, name: str) -> Path:
         path = self.world.directory / f"{self.kind.name}-stdio-{len(self.stdio_logs)}-{name}.stderr"

@@ -151,7 +151,8 @@ def test_capgate_down_fails_closed(gateway, tmp_path) -> None:  # noqa: ANN001
     finally:
         http.process.stop()
         capgate.process.stop()
-    gateway.stdio_logs.append(tmp_path / "gateway.stderr")
+    # Both logs go to the sentinel check with the others.
+    gateway.stdio_logs.extend([tmp_path / "gateway.stderr", capgate.process.log])
 
 
 def test_capgate_hanging_hits_the_decide_timeout(gateway, tmp_path) -> None:  # noqa: ANN001
