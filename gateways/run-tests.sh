@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The gateways' tests, from scratch: uv (into a venv of its own when missing), the Python
+# workspace from its lock, the generated client code, the TypeScript gateway's own
+# script when it exists (it builds dist/, which the scenario suite starts), then the
+# Python unit tests and the shared scenario suite against a real `capgate serve`.
+#
+#   CAPGATE_BIN   the capgate binary (default: target/debug/capgate at the repo root)
+#   DATABASE_URL  also run capgate on this PostgreSQL database instead of SQLite
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/.." && pwd)"
+export CAPGATE_BIN="${CAPGATE_BIN:-$repo/target/debug/capgate}"
+case "$CAPGATE_BIN" in /*) ;; *) CAPGATE_BIN="$repo/$CAPGATE_BIN" ;; esac
+
+python_dir="$here/python"
+UV_VERSION=0.13.9
+if command -v uv >/dev/null 2>&1; then
+  uv=uv
+else
+  tools="$python_dir/.tools"
+  if [ ! -x "$tools/bin/uv" ]; then
+    echo "run-tests: installing uv $UV_VERSION into $tools" >&2
+    python3 -m venv "$tools"
+    "$tools/bin/pip" install --quiet --disable-pip-version-check "uv==$UV_VERSION"
+  fi
+  uv="$tools/bin/uv"
+fi
+
+cd "$python_dir"
+timeout 300 "$uv" sync --frozen --quiet
+timeout 120 "$uv" run --frozen python scripts/generate.py
+
+if [ -x "$here/typescript/run-tests.sh" ] || [ -f "$here/typescript/run-tests.sh" ]; then
+  echo "run-tests: gateways/typescript/run-tests.sh" >&2
+  timeout 600 bash "$here/typescript/run-tests.sh"
+fi
+
+if [ ! -x "$CAPGATE_BIN" ]; then
+  echo "run-tests: no capgate binary at $CAPGATE_BIN (build it, or set CAPGATE_BIN)" >&2
+  exit 1
+fi
+
+# One pytest run: the unit tests, then the scenarios (each gateway in turn).
+exec timeout 900 "$uv" run --frozen pytest -p no:cacheprovider "$python_dir/tests" "$here/scenarios" "$@"

@@ -1,0 +1,34 @@
+"""A stdio MCP upstream of ours: it tells which credential it was started with, without echoing it.
+
+`whoami` answers the SHA-256 (hex) of `MCP_UPSTREAM_CREDENTIAL`, so a scenario can check
+that the gateway passed the allowed account's secret and that the secret itself never
+travels back. `echo` returns its argument, to check arguments are relayed unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("scenario-stdio-upstream")
+
+
+@server.tool()
+def whoami() -> str:
+    """The SHA-256 of the credential this process received (`MCP_UPSTREAM_CREDENTIAL`)."""
+    credential = os.environ.get("MCP_UPSTREAM_CREDENTIAL")
+    if credential is None:
+        return "credential: none"
+    return "credential-sha256: " + hashlib.sha256(credential.encode()).hexdigest()
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Returns `text` as given."""
+    return text
+
+
+if __name__ == "__main__":
+    server.run("stdio")
