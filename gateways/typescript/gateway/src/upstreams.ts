@@ -1,0 +1,165 @@
+//! Upstream MCP sessions: one per (upstream id, account id), opened on first
+//! use and shared by every caller allowed to run as that account. The
+//! credential reaches a stdio child as `MCP_UPSTREAM_CREDENTIAL` and an HTTP
+//! upstream as `Authorization: Bearer`. A session that fails at transport
+//! level is dropped, so the next call opens a fresh one.
+
+import { createHash } from "node:crypto";
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { StdioClientTransport, getDefaultEnvironment } from "@modelcontextprotocol/sdk/client/stdio.js";
+import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js";
+import { ErrorCode, McpError, type CallToolResult } from "@modelcontextprotocol/sdk/types.js";
+import type { ToolRoute } from "@capgate/client";
+import type { Logger } from "./log.js";
+
+/** The upstream could not be reached, or failed the call at transport level. */
+export class UpstreamFailure extends Error {
+  override readonly name = "UpstreamFailure";
+}
+
+/** The upstream answered the call with a JSON-RPC error: relayed as it is. */
+export class UpstreamError extends Error {
+  override readonly name = "UpstreamError";
+  constructor(
+    readonly code: number,
+    message: string,
+    readonly data: unknown,
+  ) {
+    super(message);
+  }
+}
+
+interface Session {
+  /** What the session was opened with; another route or credential opens a new one. */
+  readonly fingerprint: string;
+  readonly client: Promise<Client>;
+}
+
+function transportFor(route: ToolRoute, credential: string): Transport {
+  const target = route.transport;
+  if (target.kind === "stdio") {
+    // The child gets the SDK's minimal environment (PATH, HOME, …) and the
+    // credential, not the gateway's own environment (VAULT_TOKEN and the like).
+    return new StdioClientTransport({
+      command: target.command,
+      args: [...target.args],
+      env: { ...getDefaultEnvironment(), MCP_UPSTREAM_CREDENTIAL: credential },
+      stderr: "ignore",
+    });
+  }
+  return new StreamableHTTPClientTransport(new URL(target.url), {
+    requestInit: { headers: { Authorization: `Bearer ${credential}` } },
+  });
+}
+
+/** A route's identity: the same upstream id may move (a new policy version). */
+function fingerprintOf(route: ToolRoute, credential: string): string {
+  // Hashed, so that the pool holds no second copy of the credential.
+  return createHash("sha256").update(JSON.stringify([route.transport, credential])).digest("hex");
+}
+
+/** The SDK prefixes a received error's message; the relay wants the upstream's own words. */
+function upstreamMessage(error: McpError): string {
+  const prefix = `MCP error ${error.code}: `;
+  return error.message.startsWith(prefix) ? error.message.slice(prefix.length) : error.message;
+}
+
+export class UpstreamPool {
+  readonly #sessions = new Map<string, Session>();
+
+  constructor(
+    private readonly logger: Logger,
+    private readonly clientInfo = { name: "capgate-gateway", version: "0.1.0" },
+  ) {}
+
+  /** Calls `route.name` at its upstream as `accountId`; throws UpstreamFailure or UpstreamError. */
+  async call(
+    route: ToolRoute,
+    accountId: string,
+    credential: string,
+    args: Record<string, unknown> | undefined,
+  ): Promise<CallToolResult> {
+    const key = `${route.upstream}\u0000${accountId}`;
+    const session = this.#session(key, route, accountId, credential);
+    let client: Client;
+    try {
+      client = await session.client;
+    } catch (error) {
+      throw new UpstreamFailure(`cannot open a session with upstream \`${route.upstream}\`: ${describe(error)}`);
+    }
+    try {
+      return (await client.callTool({ name: route.name, ...(args && { arguments: args }) })) as CallToolResult;
+    } catch (error) {
+      if (
+        error instanceof McpError &&
+        error.code !== ErrorCode.ConnectionClosed &&
+        error.code !== ErrorCode.RequestTimeout
+      ) {
+        throw new UpstreamError(error.code, upstreamMessage(error), error.data);
+      }
+      this.#drop(key, session);
+      throw new UpstreamFailure(`upstream \`${route.upstream}\` failed the call: ${describe(error)}`);
+    }
+  }
+
+  #session(key: string, route: ToolRoute, accountId: string, credential: string): Session {
+    const fingerprint = fingerprintOf(route, credential);
+    let session = this.#sessions.get(key);
+    if (session !== undefined && session.fingerprint !== fingerprint) {
+      this.#sessions.delete(key);
+      void session.client.then((c) => c.close()).catch(() => undefined);
+      session = undefined;
+    }
+    if (session === undefined) {
+      const opening = this.#open(route, credential);
+      session = { fingerprint, client: opening };
+      this.#sessions.set(key, session);
+      this.logger.log("info", "upstream_session_opening", { upstream: route.upstream, account: accountId });
+      opening.then(
+        (client) => {
+          // A child that exits, or a connection that closes, ends the session.
+          client.onclose = () => {
+            if (this.#sessions.get(key) === session) this.#sessions.delete(key);
+            this.logger.log("info", "upstream_session_closed", { upstream: route.upstream, account: accountId });
+          };
+        },
+        () => {
+          if (this.#sessions.get(key) === session) this.#sessions.delete(key);
+        },
+      );
+    }
+    return session;
+  }
+
+  async #open(route: ToolRoute, credential: string): Promise<Client> {
+    const client = new Client(this.clientInfo);
+    await client.connect(transportFor(route, credential));
+    return client;
+  }
+
+  #drop(key: string, session: Session): void {
+    if (this.#sessions.get(key) === session) this.#sessions.delete(key);
+    void session.client.then((c) => c.close()).catch(() => undefined);
+  }
+
+  /** How many sessions are open or opening (for tests). */
+  get size(): number {
+    return this.#sessions.size;
+  }
+
+  async closeAll(): Promise<void> {
+    const sessions = [...this.#sessions.values()];
+    this.#sessions.clear();
+    await Promise.allSettled(sessions.map(async (s) => (await s.client).close()));
+  }
+}
+
+/** An error as a short phrase that holds no credential (SDK errors carry no request headers). */
+function describe(error: unknown): string {
+  if (error instanceof Error) {
+    const cause = error.cause as { code?: unknown } | undefined;
+    return typeof cause?.code === "string" ? `${error.message} (${cause.code})` : error.message;
+  }
+  return String(error);
+}
