@@ -9,7 +9,6 @@ import { createCapgateClient } from "@capgate/client";
 import { Gateway } from "./gateway.js";
 import { serveHttp } from "./http.js";
 import { stderrLogger } from "./log.js";
-import { acceptCurrentRevision } from "./protocol.js";
 import { SecretResolver } from "./secrets/index.js";
 import { serveStdio } from "./stdio.js";
 import { UpstreamPool } from "./upstreams.js";
@@ -101,7 +100,6 @@ function readToken(file: string): string {
 
 async function main(): Promise<void> {
   const cfg = config(process.argv.slice(2), process.env);
-  acceptCurrentRevision();
   const logger = stderrLogger;
   const capgate = createCapgateClient({
     url: cfg.capgate,
@@ -121,8 +119,8 @@ async function main(): Promise<void> {
   const stop = new AbortController();
   const watching = watchPolicy(
     capgate,
-    async () => {
-      const told = await gateway.toolsChanged();
+    () => {
+      const told = gateway.toolsChanged();
       logger.log("info", "tools_list_changed_sent", { sessions: told });
     },
     logger,
@@ -138,9 +136,9 @@ async function main(): Promise<void> {
     closeTransport = () => http.close();
     ended = new Promise<void>(() => undefined);
   } else {
-    const stdio = await serveStdio(gateway, process.env);
+    const stdio = serveStdio(gateway, process.env, logger);
     logger.log("info", "serving_stdio", {});
-    closeTransport = async () => undefined;
+    closeTransport = () => stdio.close();
     ended = stdio.closed;
   }
 
@@ -151,7 +149,6 @@ async function main(): Promise<void> {
     logger.log("info", "stopping", { why });
     stop.abort();
     await closeTransport();
-    await gateway.closeAll();
     await upstreams.closeAll();
     capgate.close();
     await watching;

@@ -4,11 +4,11 @@
 //! The gateway never decides; it relays.
 
 import { randomUUID } from "node:crypto";
-import { Server } from "@modelcontextprotocol/sdk/server/index.js";
-import { CallToolRequestSchema, ListToolsRequestSchema, type Tool } from "@modelcontextprotocol/sdk/types.js";
+import { Server, type JSONRPCMessage, type Tool, type Transport } from "@modelcontextprotocol/server";
 import type { CallerCredential, CapgateClient, VisibleTool } from "@capgate/client";
 import type { Logger } from "./log.js";
 import {
+  JSONRPC_CREDENTIAL_FAILED,
   capgateUnavailable,
   credentialFailed,
   listingUnauthenticated,
@@ -54,24 +54,48 @@ function mcpTool(tool: VisibleTool): Tool {
   };
 }
 
+/**
+ * The SDK rewrites a JSON-RPC error code -32002 to -32602 on the way out
+ * (-32002 was MCP's retired "resource not found"), but the gateway contract
+ * fixes -32002 for credential_failed. Every transport a gateway server is
+ * connected to gets its credential_failed errors' code put back.
+ */
+function keepCredentialFailedCode(server: Server): void {
+  const connect = server.connect.bind(server);
+  server.connect = (transport: Transport) => {
+    const send = transport.send.bind(transport);
+    transport.send = (message: JSONRPCMessage, options) => {
+      const error = (message as { error?: { code: number; data?: { code?: unknown } } }).error;
+      if (error !== undefined && error.data?.code === "credential_failed") error.code = JSONRPC_CREDENTIAL_FAILED;
+      return send(message, options);
+    };
+    return connect(transport);
+  };
+}
+
 export class Gateway {
-  /** Every open MCP session's server, told when the policy changes. */
-  readonly #servers = new Set<Server>();
+  /** Told when the policy changes: one per open MCP session or stream router. */
+  readonly #listeners = new Set<() => void>();
 
   constructor(private readonly deps: GatewayDeps) {}
 
-  /** A server for one MCP session, its credentials read per request through `credentialOf`. */
+  /** A server for one MCP session or request, the caller's credential read per request through `credentialOf`. */
   serverFor(credentialOf: CredentialOf): Server {
     const server = new Server(GATEWAY_INFO, { capabilities: { tools: { listChanged: true } } });
-    server.setRequestHandler(ListToolsRequestSchema, async (_request, extra) => ({
-      tools: await this.listTools(credentialOf(extra.authInfo?.token)),
+    server.setRequestHandler("tools/list", async (_request, ctx) => ({
+      tools: await this.listTools(credentialOf(ctx.http?.authInfo?.token)),
     }));
-    server.setRequestHandler(CallToolRequestSchema, async (request, extra) =>
-      this.callTool(credentialOf(extra.authInfo?.token), request.params.name, request.params.arguments),
+    server.setRequestHandler("tools/call", async (request, ctx) =>
+      this.callTool(credentialOf(ctx.http?.authInfo?.token), request.params.name, request.params.arguments),
     );
-    this.#servers.add(server);
-    server.onclose = () => this.#servers.delete(server);
+    keepCredentialFailedCode(server);
     return server;
+  }
+
+  /** Calls `listener` on every policy change until the returned function is called. */
+  onToolsChanged(listener: () => void): () => void {
+    this.#listeners.add(listener);
+    return () => this.#listeners.delete(listener);
   }
 
   #credential(credential: CallerCredential): CallerCredential {
@@ -159,15 +183,16 @@ export class Gateway {
     }
   }
 
-  /** Sends `notifications/tools/list_changed` to every open session. */
-  async toolsChanged(): Promise<number> {
-    const servers = [...this.#servers];
-    await Promise.allSettled(servers.map((s) => s.sendToolListChanged()));
-    return servers.length;
-  }
-
-  async closeAll(): Promise<void> {
-    await Promise.allSettled([...this.#servers].map((s) => s.close()));
+  /** Has `notifications/tools/list_changed` sent on every open session and listen stream. */
+  toolsChanged(): number {
+    for (const listener of this.#listeners) {
+      try {
+        listener();
+      } catch (error) {
+        this.deps.logger.log("warn", "list_changed_failed", { why: error instanceof Error ? error.message : String(error) });
+      }
+    }
+    return this.#listeners.size;
   }
 }
 

@@ -10,6 +10,10 @@ test("absent headers, or headers that agree, pass", () => {
   assert.equal(headerDisagreement({ method: undefined, name: undefined }, call), undefined);
   assert.equal(headerDisagreement({ method: "tools/call", name: "up__echo" }, call), undefined);
   assert.equal(headerDisagreement({ method: "tools/list", name: undefined }, { ...call, method: "tools/list" }), undefined);
+  const unicode = { ...call, params: { name: "up__über" } };
+  const encoded = `=?base64?${Buffer.from("up__über").toString("base64")}?=`;
+  assert.equal(headerDisagreement({ method: "tools/call", name: encoded }, unicode), undefined);
+  assert.match(headerDisagreement({ method: "tools/call", name: encoded }, call) ?? "", /Mcp-Name/);
   assert.equal(
     headerDisagreement({ method: "resources/read", name: "file:///a" }, { method: "resources/read", params: { uri: "file:///a" } }),
     undefined,

@@ -31,11 +31,21 @@ export function headerDisagreement(headers: HeaderValues, body: unknown): string
   if (headers.name !== undefined) {
     const param = method === undefined ? undefined : NAME_PARAM[method];
     const value = param === undefined ? undefined : message.params?.[param];
-    if (typeof value !== "string" || value !== headers.name) {
+    if (typeof value !== "string" || (value !== headers.name && decodedHeader(headers.name) !== value)) {
       return `the Mcp-Name header (\`${headers.name}\`) does not match the body's ${param ?? "name"}`;
     }
   }
   return undefined;
+}
+
+/**
+ * MCP writes a header value that is not a plain token as `=?base64?<b64>?=`
+ * (UTF-8 inside); undefined when the value is not in that form.
+ */
+function decodedHeader(value: string): string | undefined {
+  const match = /^=\?base64\?([A-Za-z0-9+/]*={0,2})\?=$/.exec(value);
+  if (match === null) return undefined;
+  return Buffer.from(match[1] ?? "", "base64").toString("utf8");
 }
 
 /** One header's value: absent, or the single value given (a repeated header counts as disagreeing). */

@@ -1,15 +1,22 @@
 //! MCP over Streamable HTTP at `/mcp`. Before the SDK sees a request: no
 //! `Authorization: Bearer` is HTTP 401 with `WWW-Authenticate: Bearer`, and a
 //! POST whose `Mcp-Method` / `Mcp-Name` headers disagree with its body is
-//! JSON-RPC -32600. Then each MCP session has its own SDK transport and
-//! server; the bearer token of every request (not the session's first) is
-//! the caller's credential for that request.
+//! JSON-RPC -32600 (the SDK would answer its own -32020 on 2026-07-28
+//! requests only; checking first gives one answer for every revision).
+//!
+//! Then the request goes to one of two legs, split by the SDK's own
+//! `isLegacyRequest`: 2026-07-28 requests (self-contained, with the `_meta`
+//! envelope) to the SDK's `createMcpHandler`, a fresh server per request,
+//! list changes on `subscriptions/listen` streams; 2025-era requests to
+//! sessionful Streamable HTTP, one server per `Mcp-Session-Id`, list changes
+//! on the session's GET stream. Either way the bearer token of every request
+//! (not a session's first) is the caller's credential for that request.
 
 import { randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type Server as HttpServer, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
-import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
-import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
+import { NodeStreamableHTTPServerTransport, toNodeHandler, toWebRequest } from "@modelcontextprotocol/node";
+import { createMcpHandler, isInitializeRequest, isLegacyRequest } from "@modelcontextprotocol/server";
 import type { Gateway } from "./gateway.js";
 import { headerDisagreement, headerValue } from "./headers.js";
 import type { Logger } from "./log.js";
@@ -18,7 +25,7 @@ import { JSONRPC_INVALID_REQUEST } from "./refusals.js";
 const MAX_BODY_BYTES = 4 * 1024 * 1024;
 
 interface Session {
-  readonly transport: StreamableHTTPServerTransport;
+  readonly transport: NodeStreamableHTTPServerTransport;
 }
 
 /** The token of `Authorization: Bearer <token>`, or undefined when there is no such header. */
@@ -51,6 +58,13 @@ export interface HttpGateway {
 
 export async function serveHttp(gateway: Gateway, logger: Logger, host: string, port: number): Promise<HttpGateway> {
   const sessions = new Map<string, Session>();
+  const credentialOf = (authToken: string | undefined) => ({ bearerToken: authToken ?? "" });
+  const modern = createMcpHandler(() => gateway.serverFor(credentialOf), {
+    legacy: "reject",
+    onerror: (error) => logger.log("info", "mcp_request_rejected", { why: error.message }),
+  });
+  const serveModern = toNodeHandler(modern);
+  const stopNotifying = gateway.onToolsChanged(() => modern.notify.toolsChanged());
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const path = new URL(req.url ?? "/", "http://gateway").pathname;
@@ -93,6 +107,11 @@ export async function serveHttp(gateway: Gateway, logger: Logger, host: string, 
       }
     }
 
+    if (req.method === "POST" && !(await isLegacyRequest(await toWebRequest(req, body), body))) {
+      await serveModern(req, res, body);
+      return;
+    }
+
     const sessionId = headerValue(req.headers["mcp-session-id"]);
     if (sessionId !== undefined) {
       const session = sessions.get(sessionId);
@@ -104,7 +123,7 @@ export async function serveHttp(gateway: Gateway, logger: Logger, host: string, 
       return;
     }
     if (req.method === "POST" && isInitializeRequest(body)) {
-      const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
+      const transport: NodeStreamableHTTPServerTransport = new NodeStreamableHTTPServerTransport({
         sessionIdGenerator: () => randomUUID(),
         onsessioninitialized: (id) => {
           sessions.set(id, { transport });
@@ -114,13 +133,15 @@ export async function serveHttp(gateway: Gateway, logger: Logger, host: string, 
           sessions.delete(id);
         },
       });
+      const server = gateway.serverFor(credentialOf);
+      const stop = gateway.onToolsChanged(() => void server.sendToolListChanged());
       transport.onclose = () => {
+        stop();
         if (transport.sessionId !== undefined) {
           sessions.delete(transport.sessionId);
           logger.log("info", "session_closed", { session: transport.sessionId });
         }
       };
-      const server = gateway.serverFor((authToken) => ({ bearerToken: authToken ?? "" }));
       await server.connect(transport);
       await transport.handleRequest(req, res, body);
       return;
@@ -146,6 +167,8 @@ export async function serveHttp(gateway: Gateway, logger: Logger, host: string, 
   return {
     url,
     async close() {
+      stopNotifying();
+      await modern.close();
       await Promise.allSettled([...sessions.values()].map((s) => s.transport.close()));
       sessions.clear();
       server.closeAllConnections();

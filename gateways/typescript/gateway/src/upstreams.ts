@@ -5,11 +5,14 @@
 //! level is dropped, so the next call opens a fresh one.
 
 import { createHash } from "node:crypto";
-import { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import { StdioClientTransport, getDefaultEnvironment } from "@modelcontextprotocol/sdk/client/stdio.js";
-import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
-import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js";
-import { ErrorCode, McpError, type CallToolResult } from "@modelcontextprotocol/sdk/types.js";
+import {
+  Client,
+  ProtocolError,
+  StreamableHTTPClientTransport,
+  type CallToolResult,
+  type Transport,
+} from "@modelcontextprotocol/client";
+import { StdioClientTransport, getDefaultEnvironment } from "@modelcontextprotocol/client/stdio";
 import type { ToolRoute } from "@capgate/client";
 import type { Logger } from "./log.js";
 
@@ -59,11 +62,6 @@ function fingerprintOf(route: ToolRoute, credential: string): string {
   return createHash("sha256").update(JSON.stringify([route.transport, credential])).digest("hex");
 }
 
-/** The SDK prefixes a received error's message; the relay wants the upstream's own words. */
-function upstreamMessage(error: McpError): string {
-  const prefix = `MCP error ${error.code}: `;
-  return error.message.startsWith(prefix) ? error.message.slice(prefix.length) : error.message;
-}
 
 export class UpstreamPool {
   readonly #sessions = new Map<string, Session>();
@@ -91,13 +89,10 @@ export class UpstreamPool {
     try {
       return (await client.callTool({ name: route.name, ...(args && { arguments: args }) })) as CallToolResult;
     } catch (error) {
-      if (
-        error instanceof McpError &&
-        error.code !== ErrorCode.ConnectionClosed &&
-        error.code !== ErrorCode.RequestTimeout
-      ) {
-        throw new UpstreamError(error.code, upstreamMessage(error), error.data);
-      }
+      // A JSON-RPC error the upstream answered is relayed; anything else
+      // (the SDK's own SdkError: connection closed, timeout, HTTP failure)
+      // is the transport failing.
+      if (error instanceof ProtocolError) throw new UpstreamError(error.code, error.message, error.data);
       this.#drop(key, session);
       throw new UpstreamFailure(`upstream \`${route.upstream}\` failed the call: ${describe(error)}`);
     }
@@ -133,7 +128,9 @@ export class UpstreamPool {
   }
 
   async #open(route: ToolRoute, credential: string): Promise<Client> {
-    const client = new Client(this.clientInfo);
+    // `auto`: a 2026-07-28 upstream is spoken to in its revision, a 2025 one
+    // through the initialize handshake.
+    const client = new Client(this.clientInfo, { versionNegotiation: { mode: "auto" } });
     await client.connect(transportFor(route, credential));
     return client;
   }
