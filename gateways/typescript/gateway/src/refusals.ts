@@ -78,7 +78,7 @@ export function capgateUnavailable(error: unknown): Refusal {
     message =
       error.code === "deadline_exceeded"
         ? "capgate did not answer in time"
-        : `capgate answered ${error.code}: ${error.detail}`;
+        : `capgate: ${error.code}: ${error.detail}`;
     if (error.fieldViolations.length > 0) {
       data.field_violations = error.fieldViolations.map(({ field, description }) => ({ field, description }));
     }

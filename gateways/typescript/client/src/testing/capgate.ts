@@ -120,7 +120,7 @@ export async function startCapgate(options: CapgateOptions): Promise<Capgate> {
     adminToken,
     adminTokenFile,
     async audit() {
-      const out = await run(["audit", "--database-url", databaseUrl, "--json"]);
+      const out = await run(["audit", "--database-url", databaseUrl, "--json", "--limit", "10000"]);
       const text = out.trim();
       if (text === "") return [];
       if (text.startsWith("[")) return JSON.parse(text) as Array<Record<string, unknown>>;
