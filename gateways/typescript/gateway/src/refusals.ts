@@ -1,5 +1,7 @@
 //! Every way the gateway refuses a call, as the JSON-RPC error the contract
-//! fixes: capgate's deny (-32001), an unknown tool (-32602), a secret that
+//! fixes. A refusal by capgate (or for want of capgate) reads "denied:
+//! <code>: <human message>"; a call that was allowed and then failed at the
+//! gateway was not denied, and reads "<code>: <human message>": capgate's deny (-32001), an unknown tool (-32602), a secret that
 //! cannot be resolved (-32002), an upstream that fails (-32003), capgate
 //! unreachable or unreadable (-32001, fail closed). The SDK sends a thrown
 //! error's `code`, `message` and `data` as they are.

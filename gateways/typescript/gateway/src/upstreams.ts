@@ -152,11 +152,16 @@ export class UpstreamPool {
   }
 }
 
-/** An error as a short phrase that holds no credential (SDK errors carry no request headers). */
+/**
+ * An error as a short phrase that holds no credential (SDK errors carry no
+ * request headers): its message, and the innermost cause's when there is
+ * one (`fetch failed` says little; `ECONNREFUSED 127.0.0.1:9` says why).
+ */
 function describe(error: unknown): string {
-  if (error instanceof Error) {
-    const cause = error.cause as { code?: unknown } | undefined;
-    return typeof cause?.code === "string" ? `${error.message} (${cause.code})` : error.message;
-  }
-  return String(error);
+  if (!(error instanceof Error)) return String(error);
+  let inner: unknown = error;
+  for (let depth = 0; depth < 8 && inner instanceof Error && inner.cause !== undefined; depth++) inner = inner.cause;
+  if (inner === error || !(inner instanceof Error)) return error.message;
+  const code = (inner as NodeJS.ErrnoException).code;
+  return `${error.message} (${inner.message}${code !== undefined && !inner.message.includes(code) ? `, ${code}` : ""})`;
 }
