@@ -24,6 +24,8 @@ export interface CapgateOptions {
   readonly catalog?: string;
   /** Extra environment for capgate (e.g. a static-key issuer's key). */
   readonly env?: Readonly<Record<string, string>>;
+  /** Serve TLS with this certificate chain and key (PEM files): the URL is then `https://`. */
+  readonly tls?: { readonly cert: string; readonly key: string };
 }
 
 export interface Capgate {
@@ -102,6 +104,7 @@ export async function startCapgate(options: CapgateOptions): Promise<Capgate> {
     "--admin-token",
     `admin=file://${adminTokenFile}`,
   ];
+  if (options.tls !== undefined) args.push("--tls-cert", options.tls.cert, "--tls-key", options.tls.key);
   if (options.catalog !== undefined) {
     writeFileSync(join(dir, "catalog.yaml"), options.catalog);
     args.push("--catalog", join(dir, "catalog.yaml"));
@@ -113,7 +116,7 @@ export async function startCapgate(options: CapgateOptions): Promise<Capgate> {
   const address = await serving(child);
   const databaseUrl = `sqlite://${join(dir, "capgate.db")}`;
   return {
-    url: `http://${address}`,
+    url: `${options.tls === undefined ? "http" : "https"}://${address}`,
     dir,
     gatewayToken,
     gatewayTokenFile,
