@@ -77,11 +77,11 @@ test("capgate unreachable, late or unreadable is capgate_unavailable", () => {
 test("credential_failed is -32002 and upstream_failed -32003, both with the decision id", () => {
   const cred = credentialFailed("d1", "no resolver for scheme `gcp-secrets`");
   assert.equal(cred.code, -32002);
-  assert.equal(cred.message, "credential_failed: no resolver for scheme `gcp-secrets`");
+  assert.equal(cred.message, "denied: credential_failed: no resolver for scheme `gcp-secrets`");
   assert.deepEqual(cred.data, { code: "credential_failed", message: "no resolver for scheme `gcp-secrets`", decision_id: "d1" });
   const up = upstreamFailed("d2", "cannot open a session");
   assert.equal(up.code, -32003);
-  assert.equal(up.message, "upstream_failed: cannot open a session");
+  assert.equal(up.message, "denied: upstream_failed: cannot open a session");
   assert.equal(up.data.code, "upstream_failed");
   assert.equal(up.data.decision_id, "d2");
 });

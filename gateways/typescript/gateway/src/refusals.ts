@@ -1,7 +1,6 @@
 //! Every way the gateway refuses a call, as the JSON-RPC error the contract
-//! fixes. A refusal by capgate (or for want of capgate) reads "denied:
-//! <code>: <human message>"; a call that was allowed and then failed at the
-//! gateway was not denied, and reads "<code>: <human message>": capgate's deny (-32001), an unknown tool (-32602), a secret that
+//! fixes, each with `message` = "denied: <code>: <human message>" (the shared
+//! contract, gateways/README.md): capgate's deny (-32001), an unknown tool (-32602), a secret that
 //! cannot be resolved (-32002), an upstream that fails (-32003), capgate
 //! unreachable or unreadable (-32001, fail closed). The SDK sends a thrown
 //! error's `code`, `message` and `data` as they are.
@@ -93,7 +92,7 @@ export function capgateUnavailable(error: unknown): Refusal {
 
 /** The allowed account's secret could not be resolved; nothing was executed. */
 export function credentialFailed(decisionId: string, detail: string): Refusal {
-  return new Refusal(JSONRPC_CREDENTIAL_FAILED, `credential_failed: ${detail}`, {
+  return new Refusal(JSONRPC_CREDENTIAL_FAILED, `denied: credential_failed: ${detail}`, {
     code: "credential_failed",
     message: detail,
     decision_id: decisionId,
@@ -102,7 +101,7 @@ export function credentialFailed(decisionId: string, detail: string): Refusal {
 
 /** The upstream could not be reached or failed at transport level. */
 export function upstreamFailed(decisionId: string, detail: string): Refusal {
-  return new Refusal(JSONRPC_UPSTREAM_FAILED, `upstream_failed: ${detail}`, {
+  return new Refusal(JSONRPC_UPSTREAM_FAILED, `denied: upstream_failed: ${detail}`, {
     code: "upstream_failed",
     message: detail,
     decision_id: decisionId,
