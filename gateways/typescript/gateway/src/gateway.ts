@@ -1,0 +1,204 @@
+//! The gateway proper, whatever the MCP transport: `tools/list` asks capgate's
+//! ListVisible, `tools/call` asks Decide and, on an allow only, resolves the
+//! account's secret and calls the upstream. Every other answer is a refusal.
+//! The gateway never decides; it relays.
+
+import { randomUUID } from "node:crypto";
+import { Server, type JSONRPCMessage, type Tool, type Transport } from "@modelcontextprotocol/server";
+import type { CallerCredential, CapgateClient, VisibleTool } from "@capgate/client";
+import type { Logger } from "./log.js";
+import {
+  JSONRPC_CREDENTIAL_FAILED,
+  capgateUnavailable,
+  credentialFailed,
+  listingUnauthenticated,
+  refusalOf,
+  upstreamFailed,
+} from "./refusals.js";
+import type { SecretResolver } from "./secrets/index.js";
+import { UpstreamError, UpstreamFailure, type UpstreamPool } from "./upstreams.js";
+
+export const GATEWAY_INFO = { name: "capgate-gateway", version: "0.1.0" };
+
+export interface GatewayDeps {
+  readonly capgate: CapgateClient;
+  readonly secrets: SecretResolver;
+  readonly upstreams: UpstreamPool;
+  readonly logger: Logger;
+  /** `--issuer`: sent as `Credential.issuer`. */
+  readonly issuer?: string;
+  readonly now?: () => Date;
+}
+
+/** Where a request's caller credential comes from (HTTP: its bearer token; stdio: the env). */
+export type CredentialOf = (authToken: string | undefined) => CallerCredential;
+
+function mcpTool(tool: VisibleTool): Tool {
+  let inputSchema: Tool["inputSchema"] = { type: "object" };
+  if (tool.inputSchemaJson !== "") {
+    // capgate passes the catalog's schema through untouched; a catalog entry
+    // that is not a JSON object still lists the tool, with the empty schema.
+    try {
+      const parsed: unknown = JSON.parse(tool.inputSchemaJson);
+      if (typeof parsed === "object" && parsed !== null && !Array.isArray(parsed)) {
+        inputSchema = parsed as Tool["inputSchema"];
+      }
+    } catch {
+      // keep { type: "object" }
+    }
+  }
+  return {
+    name: tool.exposedName,
+    ...(tool.description !== "" && { description: tool.description }),
+    inputSchema,
+  };
+}
+
+/**
+ * The SDK rewrites a JSON-RPC error code -32002 to -32602 on the way out
+ * (-32002 was MCP's retired "resource not found"), but the gateway contract
+ * fixes -32002 for credential_failed. Every transport a gateway server is
+ * connected to gets its credential_failed errors' code put back.
+ */
+function keepCredentialFailedCode(server: Server): void {
+  const connect = server.connect.bind(server);
+  server.connect = (transport: Transport) => {
+    const send = transport.send.bind(transport);
+    transport.send = (message: JSONRPCMessage, options) => {
+      const error = (message as { error?: { code: number; data?: { code?: unknown } } }).error;
+      if (error !== undefined && error.data?.code === "credential_failed") error.code = JSONRPC_CREDENTIAL_FAILED;
+      return send(message, options);
+    };
+    return connect(transport);
+  };
+}
+
+export class Gateway {
+  /** Told when the policy changes: one per open MCP session or stream router. */
+  readonly #listeners = new Set<() => void>();
+
+  constructor(private readonly deps: GatewayDeps) {}
+
+  /** A server for one MCP session or request, the caller's credential read per request through `credentialOf`. */
+  serverFor(credentialOf: CredentialOf): Server {
+    const server = new Server(GATEWAY_INFO, { capabilities: { tools: { listChanged: true } } });
+    server.setRequestHandler("tools/list", async (_request, ctx) => ({
+      tools: await this.listTools(credentialOf(ctx.http?.authInfo?.token)),
+    }));
+    server.setRequestHandler("tools/call", async (request, ctx) =>
+      this.callTool(credentialOf(ctx.http?.authInfo?.token), request.params.name, request.params.arguments),
+    );
+    keepCredentialFailedCode(server);
+    return server;
+  }
+
+  /** Calls `listener` on every policy change until the returned function is called. */
+  onToolsChanged(listener: () => void): () => void {
+    this.#listeners.add(listener);
+    return () => this.#listeners.delete(listener);
+  }
+
+  #credential(credential: CallerCredential): CallerCredential {
+    return this.deps.issuer === undefined ? credential : { ...credential, issuer: this.deps.issuer };
+  }
+
+  async listTools(credential: CallerCredential): Promise<Tool[]> {
+    const requestId = randomUUID();
+    let answer;
+    try {
+      answer = await this.deps.capgate.listVisible({
+        caller: { credential: this.#credential(credential) },
+        requestId,
+      });
+    } catch (error) {
+      const refusal = capgateUnavailable(error);
+      this.deps.logger.log("warn", "list_refused", { request_id: requestId, code: "capgate_unavailable", why: refusal.message });
+      throw refusal;
+    }
+    if (answer.result.kind === "unauthenticated") {
+      this.deps.logger.log("info", "list_refused", { request_id: requestId, code: "unauthenticated", problem: answer.result.problem });
+      throw listingUnauthenticated(answer.result.problem, answer.result.message);
+    }
+    this.deps.logger.log("info", "listed", { request_id: requestId, tools: answer.result.tools.length });
+    return answer.result.tools.map(mcpTool);
+  }
+
+  async callTool(credential: CallerCredential, tool: string, args: Record<string, unknown> | undefined) {
+    const { capgate, logger, secrets, upstreams } = this.deps;
+    const requestId = randomUUID();
+    let answer;
+    try {
+      answer = await capgate.decide({ caller: { credential: this.#credential(credential) }, tool, requestId });
+    } catch (error) {
+      const refusal = capgateUnavailable(error);
+      logger.log("warn", "call_refused", { tool, request_id: requestId, code: "capgate_unavailable", why: refusal.message });
+      throw refusal;
+    }
+    const refusal = refusalOf(answer, this.deps.now?.() ?? new Date());
+    if (refusal !== undefined) {
+      logger.log("info", "call_refused", { tool, decision_id: answer.decisionId, code: String(refusal.data.code) });
+      throw refusal;
+    }
+    const { decisionId, result } = answer;
+    // INVARIANT: refusalOf returned undefined, so this is an allow.
+    if (result.kind !== "allow") throw capgateUnavailable(new Error("an allow was expected"));
+    if (result.tool === undefined) {
+      throw capgateUnavailable(new Error("an allow for a tool without the tool's route"));
+    }
+
+    const secret = await secrets.resolve(result.account.secretRef);
+    if (!secret.ok) {
+      logger.log("warn", "credential_failed", { tool, decision_id: decisionId, account: result.account.id, why: secret.detail });
+      await this.#note(decisionId, "credential_failed", secret.detail);
+      throw credentialFailed(decisionId, secret.detail);
+    }
+
+    try {
+      const output = await upstreams.call(result.tool, result.account.id, secret.credential, args);
+      logger.log("info", "called", { tool, decision_id: decisionId, account: result.account.id });
+      return output;
+    } catch (error) {
+      if (error instanceof UpstreamError) {
+        logger.log("info", "upstream_error_relayed", { tool, decision_id: decisionId, upstream_code: error.code });
+        throw error;
+      }
+      const detail = error instanceof UpstreamFailure ? error.message : `upstream call failed: ${String(error)}`;
+      logger.log("warn", "upstream_failed", { tool, decision_id: decisionId, why: detail });
+      await this.#note(decisionId, "upstream_failed", detail);
+      throw upstreamFailed(decisionId, detail);
+    }
+  }
+
+  /** Appends to the decision's audit trail; a failure to note is logged, never fatal. */
+  async #note(decisionId: string, kind: "credential_failed" | "upstream_failed", detail: string): Promise<void> {
+    try {
+      // NoteDecision bounds the detail to 1024 bytes.
+      await this.deps.capgate.noteDecision({ decisionId, kind, detail: truncateUtf8(detail, 1024) });
+    } catch (error) {
+      this.deps.logger.log("warn", "note_failed", {
+        decision_id: decisionId,
+        kind,
+        why: error instanceof Error ? error.message : String(error),
+      });
+    }
+  }
+
+  /** Has `notifications/tools/list_changed` sent on every open session and listen stream. */
+  toolsChanged(): number {
+    for (const listener of this.#listeners) {
+      try {
+        listener();
+      } catch (error) {
+        this.deps.logger.log("warn", "list_changed_failed", { why: error instanceof Error ? error.message : String(error) });
+      }
+    }
+    return this.#listeners.size;
+  }
+}
+
+function truncateUtf8(text: string, maxBytes: number): string {
+  const bytes = Buffer.from(text, "utf8");
+  if (bytes.length <= maxBytes) return text;
+  // Cutting may split a character; the decoder drops the broken tail.
+  return new TextDecoder("utf-8", { fatal: false }).decode(bytes.subarray(0, maxBytes)).replace(/\uFFFD$/, "");
+}

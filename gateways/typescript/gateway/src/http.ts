@@ -1,0 +1,178 @@
+//! MCP over Streamable HTTP at `/mcp`. Before the SDK sees a request: no
+//! `Authorization: Bearer` is HTTP 401 with `WWW-Authenticate: Bearer`, and a
+//! POST whose `Mcp-Method` / `Mcp-Name` headers disagree with its body is
+//! JSON-RPC -32600 (the SDK would answer its own -32020 on 2026-07-28
+//! requests only; checking first gives one answer for every revision).
+//!
+//! Then the request goes to one of two legs, split by the SDK's own
+//! `isLegacyRequest`: 2026-07-28 requests (self-contained, with the `_meta`
+//! envelope) to the SDK's `createMcpHandler`, a fresh server per request,
+//! list changes on `subscriptions/listen` streams; 2025-era requests to
+//! sessionful Streamable HTTP, one server per `Mcp-Session-Id`, list changes
+//! on the session's GET stream. Either way the bearer token of every request
+//! (not a session's first) is the caller's credential for that request.
+
+import { randomUUID } from "node:crypto";
+import { createServer, type IncomingMessage, type Server as HttpServer, type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
+import { NodeStreamableHTTPServerTransport, toNodeHandler, toWebRequest } from "@modelcontextprotocol/node";
+import { createMcpHandler, isInitializeRequest, isLegacyRequest } from "@modelcontextprotocol/server";
+import type { Gateway } from "./gateway.js";
+import { headerDisagreement, headerValue } from "./headers.js";
+import type { Logger } from "./log.js";
+import { JSONRPC_INVALID_REQUEST } from "./refusals.js";
+
+const MAX_BODY_BYTES = 4 * 1024 * 1024;
+
+interface Session {
+  readonly transport: NodeStreamableHTTPServerTransport;
+}
+
+/** The token of `Authorization: Bearer <token>`, or undefined when there is no such header. */
+export function bearerToken(header: string | undefined): string | undefined {
+  if (header === undefined) return undefined;
+  const match = /^Bearer(?:\s+(.*))?$/i.exec(header.trim());
+  return match === null ? undefined : (match[1] ?? "").trim();
+}
+
+function jsonRpcError(res: ServerResponse, status: number, code: number, message: string, id: unknown = null): void {
+  const body = JSON.stringify({ jsonrpc: "2.0", id, error: { code, message } });
+  res.writeHead(status, { "Content-Type": "application/json" }).end(body);
+}
+
+async function readBody(req: IncomingMessage): Promise<string | undefined> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of req) {
+    size += (chunk as Buffer).length;
+    if (size > MAX_BODY_BYTES) return undefined;
+    chunks.push(chunk as Buffer);
+  }
+  return Buffer.concat(chunks).toString("utf8");
+}
+
+export interface HttpGateway {
+  readonly url: string;
+  close(): Promise<void>;
+}
+
+export async function serveHttp(gateway: Gateway, logger: Logger, host: string, port: number): Promise<HttpGateway> {
+  const sessions = new Map<string, Session>();
+  const credentialOf = (authToken: string | undefined) => ({ bearerToken: authToken ?? "" });
+  const modern = createMcpHandler(() => gateway.serverFor(credentialOf), {
+    legacy: "reject",
+    onerror: (error) => logger.log("info", "mcp_request_rejected", { why: error.message }),
+  });
+  const serveModern = toNodeHandler(modern);
+  const stopNotifying = gateway.onToolsChanged(() => modern.notify.toolsChanged());
+
+  async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const path = new URL(req.url ?? "/", "http://gateway").pathname;
+    if (path !== "/mcp") {
+      res.writeHead(404, { "Content-Type": "text/plain" }).end("not found\n");
+      return;
+    }
+    const token = bearerToken(req.headers.authorization);
+    if (token === undefined) {
+      res
+        .writeHead(401, { "WWW-Authenticate": "Bearer", "Content-Type": "application/json" })
+        .end(JSON.stringify({ error: "unauthorized", error_description: "an Authorization: Bearer token is required" }));
+      return;
+    }
+    // The SDK hands this to every handler as `extra.authInfo`.
+    (req as IncomingMessage & { auth?: unknown }).auth = { token, clientId: "mcp-client", scopes: [] };
+
+    let body: unknown;
+    if (req.method === "POST") {
+      const text = await readBody(req);
+      if (text === undefined) {
+        jsonRpcError(res, 413, JSONRPC_INVALID_REQUEST, "the request body is over 4 MiB");
+        return;
+      }
+      try {
+        body = JSON.parse(text);
+      } catch {
+        jsonRpcError(res, 400, -32700, "Parse error: the body is not JSON");
+        return;
+      }
+      const disagreement = headerDisagreement(
+        { method: headerValue(req.headers["mcp-method"]), name: headerValue(req.headers["mcp-name"]) },
+        body,
+      );
+      if (disagreement !== undefined) {
+        const id = (body as { id?: unknown } | null)?.id ?? null;
+        logger.log("info", "header_mismatch", { why: disagreement });
+        jsonRpcError(res, 400, JSONRPC_INVALID_REQUEST, `Invalid Request: ${disagreement}`, id);
+        return;
+      }
+    }
+
+    if (req.method === "POST" && !(await isLegacyRequest(await toWebRequest(req, body), body))) {
+      await serveModern(req, res, body);
+      return;
+    }
+
+    const sessionId = headerValue(req.headers["mcp-session-id"]);
+    if (sessionId !== undefined) {
+      const session = sessions.get(sessionId);
+      if (session === undefined) {
+        jsonRpcError(res, 404, -32001, "Session not found");
+        return;
+      }
+      await session.transport.handleRequest(req, res, body);
+      return;
+    }
+    if (req.method === "POST" && isInitializeRequest(body)) {
+      const transport: NodeStreamableHTTPServerTransport = new NodeStreamableHTTPServerTransport({
+        sessionIdGenerator: () => randomUUID(),
+        onsessioninitialized: (id) => {
+          sessions.set(id, { transport });
+          logger.log("info", "session_opened", { session: id });
+        },
+        onsessionclosed: (id) => {
+          sessions.delete(id);
+        },
+      });
+      const server = gateway.serverFor(credentialOf);
+      const stop = gateway.onToolsChanged(() => void server.sendToolListChanged());
+      transport.onclose = () => {
+        stop();
+        if (transport.sessionId !== undefined) {
+          sessions.delete(transport.sessionId);
+          logger.log("info", "session_closed", { session: transport.sessionId });
+        }
+      };
+      await server.connect(transport);
+      await transport.handleRequest(req, res, body);
+      return;
+    }
+    jsonRpcError(res, 400, -32000, "Bad Request: no Mcp-Session-Id, and not an initialize request");
+  }
+
+  const server: HttpServer = createServer((req, res) => {
+    handle(req, res).catch((error: unknown) => {
+      logger.log("error", "http_request_failed", { why: error instanceof Error ? error.message : String(error) });
+      if (!res.headersSent) jsonRpcError(res, 500, -32603, "Internal error");
+      else res.end();
+    });
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(port, host, () => resolve());
+  });
+  const address = server.address() as AddressInfo;
+  const shownHost = address.family === "IPv6" ? `[${address.address}]` : address.address;
+  const url = `http://${shownHost}:${address.port}/mcp`;
+
+  return {
+    url,
+    async close() {
+      stopNotifying();
+      await modern.close();
+      await Promise.allSettled([...sessions.values()].map((s) => s.transport.close()));
+      sessions.clear();
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    },
+  };
+}
