@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one command that checks capgate: formatting, lints (the core's purity gate among them), the
-# core built on its own, and every test of the workspace. It prepares what a fresh Debian machine with a
-# rustup toolchain lacks, and its output ends with the test runner's summary line.
+# core built on its own, every test of the workspace, and the reference gateways' suites. It
+# prepares what a fresh Debian machine with a rustup toolchain lacks (PostgreSQL, uv, the npm and
+# PyPI packages of gateways/), and its output ends with the test runner's summary line.
 #
 #   scripts/test.sh
 #
@@ -145,3 +146,10 @@ else
     step "cargo test --workspace --doc"
     cargo test --workspace --doc
 fi
+
+# The reference gateways (gateways/): their toolchains and packages from their lockfiles, then the
+# Python and TypeScript suites and the shared scenario suite, against the capgate the tests above
+# built. Its last line is pytest's summary.
+step "gateways/run-tests.sh"
+cargo build --bin capgate
+CAPGATE_BIN="$PWD/target/debug/capgate" bash gateways/run-tests.sh

@@ -161,6 +161,37 @@ def parse_audit(out: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
+@dataclass
+class FreshDatabase:
+    """A PostgreSQL database of this run's own, made on the server `DATABASE_URL` names, so
+    that no counter, policy revision or audit row of an earlier run (or of another suite)
+    is seen, and dropped when the run ends. Needs `psql`, which the server's package brings."""
+
+    url: str
+    admin_url: str
+    name: str
+
+    @classmethod
+    def create(cls, server_url: str) -> "FreshDatabase":
+        from urllib.parse import urlsplit, urlunsplit
+
+        name = f"capgate_scenarios_{secrets.token_hex(6)}"
+        parts = urlsplit(server_url)
+        url = urlunsplit(parts._replace(path=f"/{name}"))
+        fresh = cls(url=url, admin_url=server_url, name=name)
+        fresh._psql(f'CREATE DATABASE "{name}"')
+        return fresh
+
+    def drop(self) -> None:
+        self._psql(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+    def _psql(self, statement: str) -> None:
+        subprocess.run(
+            ["psql", "--no-psqlrc", "--quiet", "-v", "ON_ERROR_STOP=1", self.admin_url, "-c", statement],
+            check=True, timeout=60, stdin=subprocess.DEVNULL, capture_output=True,
+        )
+
+
 def start_capgate(directory: Path, policy: Path, catalog: Path, *, env: dict[str, str], gateway_token_file: Path,
                   admin_token_file: Path, oidc_ca: Path | None, name: str = "capgate",
                   database_url: str | None = None) -> Capgate:
