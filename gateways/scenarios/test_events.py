@@ -110,7 +110,9 @@ def test_publish_mid_session_notifies_and_relists(gateway, transport: str) -> No
     before, after, elapsed = anyio.run(drive)
     assert appears not in before
     assert appears in after
-    assert elapsed < 5
+    # The promise: sessions hear of a change within a second of the publish answering.
+    print(f"{gateway.kind.name}/{transport}: list_changed {elapsed * 1000:.0f} ms after the publish")
+    assert elapsed < 1.0, f"list_changed arrived {elapsed:.2f} s after the publish"
 
 
 # ── fail closed ──────────────────────────────────────────────────────────────
