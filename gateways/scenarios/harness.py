@@ -194,7 +194,7 @@ class FreshDatabase:
 
 def start_capgate(directory: Path, policy: Path, catalog: Path, *, env: dict[str, str], gateway_token_file: Path,
                   admin_token_file: Path, oidc_ca: Path | None, name: str = "capgate",
-                  database_url: str | None = None) -> Capgate:
+                  database_url: str | None = None, extra: list[str] | None = None) -> Capgate:
     database_url = database_url or f"sqlite://{directory / (name + '.db')}"
     args = [
         str(capgate_bin()), "serve", "--listen", "127.0.0.1:0", "--log-format", "json",
@@ -205,6 +205,7 @@ def start_capgate(directory: Path, policy: Path, catalog: Path, *, env: dict[str
     ]
     if oidc_ca is not None:
         args += ["--oidc-ca", str(oidc_ca)]
+    args += extra or []
     process = Process(name, args, env={**env, "CAPGATE_LOG": "info"}, log=directory / f"{name}.stderr")
 
     def serving(line: str) -> str | None:

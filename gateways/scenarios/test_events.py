@@ -4,6 +4,7 @@ capgate down or hanging, and the support for capgate's newer RPCs."""
 from __future__ import annotations
 
 import socket
+import sqlite3
 import time
 
 import anyio
@@ -154,6 +155,50 @@ def test_capgate_down_fails_closed(gateway, tmp_path) -> None:  # noqa: ANN001
         http.process.stop()
         capgate.process.stop()
     # Both logs go to the sentinel check with the others.
+    gateway.stdio_logs.extend([tmp_path / "gateway.stderr", capgate.process.log])
+
+
+def test_a_store_that_does_not_answer_denies_capped_calls_usage_unknown(gateway, tmp_path) -> None:  # noqa: ANN001
+    """capgate's store stops answering (another process holds SQLite's write lock): a capped call
+    is denied usage_unknown, with its pointer; an uncapped one still runs; both records reach the
+    audit trail through capgate's spool once the store answers again."""
+    world = gateway.world
+    capgate = start_capgate(
+        tmp_path, world.directory / "policy.yaml", world.directory / "catalog.yaml",
+        env={**world.gateway_env, "SCENARIO_CALLER_API_KEY": world.sentinels["CALLER_API_KEY"]},
+        gateway_token_file=world.gateway_token_file, admin_token_file=world.admin_token_file,
+        oidc_ca=world.oidc.ca_file, name="capgate-stuck", extra=["--audit-spool", str(tmp_path / "spool")],
+    )
+    http = start_http_gateway(gateway.kind, capgate.url, world.gateway_token_file, world.gateway_env,
+                              tmp_path / "gateway.stderr")
+    lock = sqlite3.connect(tmp_path / "capgate-stuck.db", isolation_level=None, timeout=10)
+    try:
+        caller = mint_caller(world, "ana")
+        lock.execute("BEGIN EXCLUSIVE")
+        capped = _call(http, caller, "probe-metered__whoami")
+        uncapped = _call(http, caller, "probe-env__whoami")
+        lock.execute("ROLLBACK")
+        gateway.transcripts.extend([transcript(capped), transcript(uncapped)])
+        assert isinstance(capped, MCPError) and capped.code == -32001, transcript(capped)
+        assert capped.data["code"] == "usage_unknown", transcript(capped)
+        assert capped.data["pointer"] == "/grants/7", transcript(capped)
+        assert "retry_after_seconds" not in capped.data, transcript(capped)
+        assert not isinstance(uncapped, MCPError), transcript(uncapped)
+        # Both answers waited for their records; the spool hands them to the store.
+        wanted = {capped.data["decision_id"]}
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            recorded = {row["decision_id"]: row for row in capgate.audit()}
+            if wanted <= recorded.keys():
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"the usage_unknown record never reached the store: {sorted(recorded)}")
+        assert recorded[capped.data["decision_id"]]["code"] == "usage_unknown"
+    finally:
+        lock.close()
+        http.process.stop()
+        capgate.process.stop()
     gateway.stdio_logs.extend([tmp_path / "gateway.stderr", capgate.process.log])
 
 
