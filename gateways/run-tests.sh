@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The gateways' tests, from scratch: uv (into a venv of its own when missing), the Python
-# workspace from its lock, the generated client code, the TypeScript gateway's own
-# script when it exists (it builds dist/, which the scenario suite starts), then the
-# Python unit tests and the shared scenario suite against a real `capgate serve`.
+# The gateways' tests, from scratch: setup.sh (uv, the Python workspace from its lock, the
+# generated client code), the TypeScript gateway's own script when it exists (it builds
+# dist/, which the scenario suite starts), then the Python unit tests and the shared scenario
+# suite against a real `capgate serve`.
 #
 #   CAPGATE_BIN   the capgate binary (default: target/debug/capgate at the repo root)
 #   DATABASE_URL  also run capgate on this PostgreSQL database instead of SQLite
@@ -14,22 +14,8 @@ export CAPGATE_BIN="${CAPGATE_BIN:-$repo/target/debug/capgate}"
 case "$CAPGATE_BIN" in /*) ;; *) CAPGATE_BIN="$repo/$CAPGATE_BIN" ;; esac
 
 python_dir="$here/python"
-UV_VERSION=0.13.9
-if command -v uv >/dev/null 2>&1; then
-  uv=uv
-else
-  tools="$python_dir/.tools"
-  if [ ! -x "$tools/bin/uv" ]; then
-    echo "run-tests: installing uv $UV_VERSION into $tools" >&2
-    python3 -m venv "$tools"
-    "$tools/bin/pip" install --quiet --disable-pip-version-check "uv==$UV_VERSION"
-  fi
-  uv="$tools/bin/uv"
-fi
-
-cd "$python_dir"
-timeout 300 "$uv" sync --frozen --quiet
-timeout 120 "$uv" run --frozen python scripts/generate.py
+# uv, the workspace from its lock, the generated client; leaves us in $python_dir with $uv set.
+source "$here/setup.sh"
 
 if [ -x "$here/typescript/run-tests.sh" ] || [ -f "$here/typescript/run-tests.sh" ]; then
   echo "run-tests: gateways/typescript/run-tests.sh" >&2
