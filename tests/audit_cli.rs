@@ -246,8 +246,8 @@ fn prune_end_to_end<S: Store>(url: &str, store: &S) {
     );
 }
 
-#[test]
-fn prune_on_sqlite() {
+/// Runs `tour` on a fresh, migrated SQLite file: its URL and the store opened in this process.
+fn on_sqlite(tour: impl FnOnce(&str, &SqliteStore)) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let url = format!("sqlite://{}", dir.path().join("capgate.db").display());
     let store = runtime().block_on(async {
@@ -257,11 +257,11 @@ fn prune_on_sqlite() {
         store.migrate().await.expect("migrate");
         store
     });
-    prune_end_to_end(&url, &store);
+    tour(&url, &store);
 }
 
-#[test]
-fn prune_on_postgres() {
+/// Runs `tour` on a fresh, migrated PostgreSQL database, when there is a server to make one on.
+fn on_postgres(tour: impl FnOnce(&str, &PostgresStore)) {
     let runtime = runtime();
     let Some(database) = runtime.block_on(TestDatabase::create()) else {
         return;
@@ -273,7 +273,17 @@ fn prune_on_postgres() {
         store.migrate().await.expect("migrate");
         store
     });
-    prune_end_to_end(&database.url(), &store);
+    tour(&database.url(), &store);
+}
+
+#[test]
+fn prune_on_sqlite() {
+    on_sqlite(prune_end_to_end);
+}
+
+#[test]
+fn prune_on_postgres() {
+    on_postgres(prune_end_to_end);
 }
 
 /// A gateway's note (`NoteDecision`) shows under its record in `capgate audit`, human and
@@ -345,32 +355,12 @@ fn notes_end_to_end<S: Store>(url: &str, store: &S) {
 
 #[test]
 fn notes_on_sqlite() {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let url = format!("sqlite://{}", dir.path().join("capgate.db").display());
-    let store = runtime().block_on(async {
-        let store = SqliteStore::connect(&url, &StoreOptions::default())
-            .await
-            .expect("open SQLite");
-        store.migrate().await.expect("migrate");
-        store
-    });
-    notes_end_to_end(&url, &store);
+    on_sqlite(notes_end_to_end);
 }
 
 #[test]
 fn notes_on_postgres() {
-    let runtime = runtime();
-    let Some(database) = runtime.block_on(TestDatabase::create()) else {
-        return;
-    };
-    let store = runtime.block_on(async {
-        let store = PostgresStore::connect_with(database.options.clone(), &StoreOptions::default())
-            .await
-            .expect("open the test database");
-        store.migrate().await.expect("migrate");
-        store
-    });
-    notes_end_to_end(&database.url(), &store);
+    on_postgres(notes_end_to_end);
 }
 
 #[test]
