@@ -396,10 +396,12 @@ async fn bad_tokens_are_refused_with_the_right_problem_and_audited() {
         answer(&hinted),
         Answer::Unauthenticated(AuthProblem::CredentialInvalid)
     );
+    // A declared issuer of another kind: known, but it takes no token (`issuer_unknown` would
+    // tell the caller's operator the issuer is not declared, which is false).
     let other_kind = decide(&mut client, ask(bearer(&valid), "batch", "docs.page.search")).await;
     assert_eq!(
         answer(&other_kind),
-        Answer::Unauthenticated(AuthProblem::IssuerUnknown)
+        Answer::Unauthenticated(AuthProblem::CredentialInvalid)
     );
     let undeclared = decide(&mut client, ask(bearer(&valid), "nobody", "docs.page.search")).await;
     assert_eq!(

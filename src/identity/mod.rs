@@ -77,8 +77,10 @@ impl std::fmt::Debug for Presented<'_> {
 
 /// The issuers a credential of `kind` may belong to, in declaration order.
 ///
-/// With a hint, exactly that issuer: undeclared, of another kind, or unable
-/// to authenticate anything (policy-core §3.2 step 1) is `issuer_unknown`.
+/// With a hint, exactly that issuer: undeclared, or unable to authenticate
+/// anything (policy-core §3.2 step 1), is `issuer_unknown`; declared but of
+/// another kind (an API key sent for an `oidc` issuer) is `credential_invalid`:
+/// the issuer exists, the credential is not one it accepts.
 /// Without one, every declared issuer of that kind that can authenticate;
 /// none is `issuer_unknown`.
 pub fn candidates<'p>(
@@ -88,11 +90,13 @@ pub fn candidates<'p>(
 ) -> Result<Vec<&'p Issuer>, AuthProblem> {
     let usable = |issuer: &&Issuer| issuer.kind == kind && issuer.can_authenticate();
     let found: Vec<&Issuer> = match hint {
-        Some(hint) => issuers
-            .iter()
-            .filter(|issuer| issuer.id == hint)
-            .filter(usable)
-            .collect(),
+        Some(hint) => {
+            let named: Vec<&Issuer> = issuers.iter().filter(|issuer| issuer.id == hint).collect();
+            if !named.is_empty() && named.iter().all(|issuer| issuer.kind != kind) {
+                return Err(AuthProblem::CredentialInvalid);
+            }
+            named.into_iter().filter(usable).collect()
+        }
         None => issuers.iter().filter(usable).collect(),
     };
     if found.is_empty() {
@@ -459,8 +463,18 @@ mod tests {
                 .id,
             "edge2:svc"
         );
+        // A hint naming a declared issuer of another kind: the issuer is known, the credential
+        // is not one it takes (the proto's `issuer_unknown` means "not declared").
         assert_eq!(
             client_certificate(&issuers, Some("nokey"), "CN=svc"),
+            Err(AuthProblem::CredentialInvalid)
+        );
+        assert_eq!(
+            candidates(&issuers, IssuerKind::StaticKey, Some("corp")),
+            Err(AuthProblem::CredentialInvalid)
+        );
+        assert_eq!(
+            candidates(&issuers, IssuerKind::StaticKey, Some("nobody")),
             Err(AuthProblem::IssuerUnknown)
         );
     }
