@@ -2090,6 +2090,22 @@ async fn the_command_line_publishes_lists_activates_and_reads_the_audit() {
         "{}",
         second.stdout
     );
+    // A dry run of what is active says which revision it already is.
+    let same = capgate(&[
+        "publish",
+        &tighter,
+        "--catalog",
+        &catalog,
+        "--server",
+        &server,
+        "--dry-run",
+    ]);
+    assert_eq!(same.exit, Exit::Done);
+    assert!(
+        same.stdout.contains("unchanged: revision 2 already is"),
+        "{}",
+        same.stdout
+    );
 
     let listed = capgate(&["policies", "list", "--server", &server]);
     assert_eq!(listed.exit, Exit::Done);
@@ -2105,6 +2121,18 @@ async fn the_command_line_publishes_lists_activates_and_reads_the_audit() {
     let rolled = capgate(&["policies", "activate", "1", "--server", &server]);
     assert_eq!(rolled.exit, Exit::Done, "{rolled:?}");
     assert!(rolled.stdout.contains("activated: revision 1"));
+    // A compare-and-set conflict is a finding, as for `publish`: exit 1.
+    let stale = capgate(&[
+        "policies",
+        "activate",
+        "2",
+        "--expected-revision",
+        "2",
+        "--server",
+        &server,
+    ]);
+    assert_eq!(stale.exit, Exit::Findings, "{stale:?}");
+    assert!(stale.stderr.starts_with("error: "), "{}", stale.stderr);
     let missing = capgate(&["policies", "activate", "9", "--server", &server]);
     assert_eq!(missing.exit, Exit::Input);
     assert!(missing.stderr.contains("not found"), "{}", missing.stderr);

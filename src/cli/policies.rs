@@ -87,9 +87,11 @@ fn list(limit: u32, server: &Server) -> Result<Outcome, Failure> {
     Ok(Outcome::stdout(out, Exit::Done))
 }
 
+/// A compare-and-set conflict exits 1, as `publish`'s does: the request was understood and
+/// refused, which is a finding, not an input that could not be used.
 fn activate(revision: u64, expected: Option<u64>, server: &Server) -> Result<Outcome, Failure> {
-    let response = runtime()?.block_on(async {
-        let connection = server.connect().await?;
+    let answer = runtime()?.block_on(async {
+        let connection = server.connect().await.map_err(Err)?;
         let mut client = PolicyServiceClient::new(connection.channel.clone());
         client
             .activate_policy(connection.request(ActivatePolicyRequest {
@@ -98,8 +100,25 @@ fn activate(revision: u64, expected: Option<u64>, server: &Server) -> Result<Out
             }))
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|status| status_failure(&status))
-    })?;
+            .map_err(|status| {
+                if status.code() == tonic::Code::Aborted {
+                    Ok(status.message().to_owned())
+                } else {
+                    Err(status_failure(&status))
+                }
+            })
+    });
+    let response = match answer {
+        Ok(response) => response,
+        Err(Ok(conflict)) => {
+            return Ok(Outcome {
+                stdout: String::new(),
+                stderr: format!("error: {conflict}\n"),
+                exit: Exit::Findings,
+            })
+        }
+        Err(Err(failure)) => return Err(failure),
+    };
     let ActivatePolicyResponse { version, changes } = response;
     let mut out = String::new();
     let label = version.as_ref().map_or("", |version| version.version.as_str());

@@ -214,7 +214,12 @@ impl<S: Store> PolicyService for Policies<S> {
             }
             return Ok(Response::new(PublishPolicyResponse {
                 accepted: true,
-                revision: 0,
+                // A dry run stores nothing; the content it would leave unchanged is the active one's.
+                revision: if unchanged {
+                    before.map_or(0, |active| active.revision)
+                } else {
+                    0
+                },
                 version,
                 diagnostics,
                 changes: if unchanged { Vec::new() } else { changes },
