@@ -363,6 +363,45 @@ fn notes_on_postgres() {
     on_postgres(notes_end_to_end);
 }
 
+/// Asking in a folder with no store creates nothing and says which store it looked for; a store
+/// nothing migrated says so, not "no such table".
+#[test]
+fn a_missing_store_is_named_and_not_created() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let run = |args: &[&str]| {
+        let output = Command::new(BIN)
+            .args(args)
+            .current_dir(dir.path())
+            .env_remove("CAPGATE_DATABASE_URL")
+            .output()
+            .expect("the binary runs");
+        (
+            output.status.code(),
+            String::from_utf8(output.stderr).expect("UTF-8"),
+        )
+    };
+    for args in [
+        &["audit"][..],
+        &["audit", "--json"],
+        &["audit", "prune", "--before", "2025-01-01"],
+    ] {
+        let (code, stderr) = run(args);
+        assert_eq!(code, Some(3), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("no capgate store at `sqlite://capgate.db`") && stderr.contains("does not exist"),
+            "{args:?}: {stderr}"
+        );
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert!(left.is_empty(), "{args:?} left {left:?}");
+    }
+    // An SQLite file that is there but was never migrated.
+    std::fs::write(dir.path().join("empty.db"), b"").unwrap();
+    let (code, stderr) = run(&["audit", "--database-url", "sqlite://empty.db"]);
+    assert_eq!(code, Some(3), "{stderr}");
+    assert!(stderr.contains("holds no capgate tables"), "{stderr}");
+    assert!(!stderr.contains("no such table"), "{stderr}");
+}
+
 #[test]
 fn usage_errors_name_the_flag() {
     let check = |args: &[&str], expected: &str| {

@@ -82,21 +82,23 @@ fn query(args: &Query) -> Result<Outcome, Failure> {
         limit: args.limit,
     };
     let (records, notes) = runtime()?.block_on(async {
-        let store = args.database.open().await?;
+        let store = args.database.open_existing().await?;
         let records = store
             .query_audit(&filter)
             .await
-            .map_err(|error| Failure::Input(error.to_string()))?;
+            .map_err(|error| args.database.explain(error))?;
         // Only an allow can be noted (`NoteDecision`).
         let allowed: Vec<String> = records
             .iter()
             .filter(|record| record.outcome == RecordOutcome::Allow)
             .map(|record| record.decision_id.clone())
             .collect();
-        let notes = store
-            .decision_notes(&allowed)
-            .await
-            .map_err(|error| Failure::Input(error.to_string()))?;
+        // A store an older server migrated has no notes table yet, and so no notes.
+        let notes = match store.decision_notes(&allowed).await {
+            Ok(notes) => notes,
+            Err(error) if error.is_missing_table() => Vec::new(),
+            Err(error) => return Err(Failure::Input(error.to_string())),
+        };
         Ok::<_, Failure>((records, notes))
     })?;
     let stdout = if args.json {

@@ -31,11 +31,52 @@ pub struct Database {
 }
 
 impl Database {
+    /// Opens the store, creating an SQLite file that is not there (`migrate`).
     pub async fn open(&self) -> Result<AnyStore, Failure> {
         store::connect(&self.database_url, &StoreOptions::default())
             .await
             .map_err(|error| Failure::Input(error.to_string()))
     }
+
+    /// Opens a store a server has written (`audit`, `audit prune`): an SQLite file that is not
+    /// there is named and not created, so that asking in the wrong folder leaves nothing behind.
+    pub async fn open_existing(&self) -> Result<AnyStore, Failure> {
+        if let Some(path) = sqlite_file(&self.database_url) {
+            if !path.exists() {
+                return Err(self.not_found(&format!("{} does not exist", path.display())));
+            }
+        }
+        self.open().await
+    }
+
+    /// What a query says when the store it opened holds no capgate tables.
+    pub fn explain(&self, error: store::StoreError) -> Failure {
+        if error.is_missing_table() {
+            self.not_found("it holds no capgate tables (no `capgate serve` or `capgate migrate` ran on it)")
+        } else {
+            Failure::Input(error.to_string())
+        }
+    }
+
+    fn not_found(&self, why: &str) -> Failure {
+        Failure::Input(format!(
+            "no capgate store at `{}`: {why}; name the server's store with --database-url or \
+             CAPGATE_DATABASE_URL",
+            store::redact(&self.database_url)
+        ))
+    }
+}
+
+/// The file an `sqlite:` URL names, when it names one (not `:memory:`, not a `mode` of its own).
+fn sqlite_file(url: &str) -> Option<PathBuf> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    if path.is_empty() || path == ":memory:" || query.split('&').any(|pair| pair.starts_with("mode=")) {
+        return None;
+    }
+    Some(PathBuf::from(path))
 }
 
 /// The server a command calls, and the admin token it calls with.

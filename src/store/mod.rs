@@ -140,6 +140,20 @@ impl StoreError {
         }
     }
 
+    /// Whether the store has no capgate tables: a database nothing has migrated (neither
+    /// `capgate serve` nor `capgate migrate` ran on it).
+    pub fn is_missing_table(&self) -> bool {
+        let StoreError::Database {
+            source: sqlx::Error::Database(database),
+            ..
+        } = self
+        else {
+            return false;
+        };
+        // PostgreSQL's `undefined_table`; SQLite has no code of its own for it.
+        database.code().as_deref() == Some("42P01") || database.message().starts_with("no such table")
+    }
+
     /// A database failure during `operation`, its message scrubbed.
     pub(crate) fn database(operation: &'static str, source: sqlx::Error) -> StoreError {
         StoreError::Database {

@@ -44,11 +44,11 @@ pub fn run(args: &Args) -> Result<Outcome, Failure> {
         )));
     }
     let pruned = runtime()?.block_on(async {
-        let store = args.database.open().await?;
+        let store = args.database.open_existing().await?;
         store
             .prune_audit(before, args.dry_run)
             .await
-            .map_err(|error| Failure::Input(error.to_string()))
+            .map_err(|error| args.database.explain(error))
     })?;
     let stdout = if args.json {
         to_json(&document(before, args.dry_run, &pruned))
