@@ -915,6 +915,39 @@ fn usage_errors_come_before_reading_any_file() {
     assert_eq!(run.code, 2);
 }
 
+/// `capgate --help` sorts every command into what answers from the policy file alone and what
+/// needs the service or its store, and says nothing false about either.
+#[test]
+fn the_top_level_help_says_which_commands_need_a_server() {
+    let help = capgate("--help");
+    assert_eq!(help.code, 0);
+    assert!(!help.stdout.contains("answer from the policy file alone"), "{}", help.stdout);
+    let commands: Vec<&str> = help
+        .stdout
+        .lines()
+        .skip_while(|line| !line.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|line| line.starts_with("  "))
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .collect();
+    assert_eq!(commands.len(), 12, "{}", help.stdout);
+    let group = |heading: &str| -> Vec<String> {
+        let mut lines = help.stdout.lines().skip_while(|line| !line.starts_with(heading));
+        lines.next().expect("the heading");
+        let names = lines.next().expect("the group's line");
+        names.split(',').map(|name| name.trim().to_owned()).collect()
+    };
+    let offline = group("Dry run, from the policy file alone");
+    let online = group("The decision service:");
+    assert_eq!(offline, ["validate", "explain", "visible", "who-can", "diff", "schema"]);
+    for command in &commands {
+        let placed = offline.iter().chain(&online).filter(|name| name == command).count();
+        assert_eq!(placed, 1, "`{command}` belongs to exactly one group: {}", help.stdout);
+    }
+    assert_eq!(offline.len() + online.len(), commands.len());
+}
+
 #[test]
 fn help_and_version_go_to_stdout() {
     let help = capgate("explain --help");

@@ -39,11 +39,16 @@ use clap::{Parser, Subcommand};
 use input::Inputs;
 
 /// capgate: which tools an AI agent may see and call, as which account, under
-/// which ceiling — and why. These commands answer from the policy file alone.
+/// which ceiling — and why.
 #[derive(Debug, Parser)]
 #[command(
     name = "capgate",
     version,
+    after_help = "Dry run, from the policy file alone (no server, no network, no credentials):\n  \
+                  validate, explain, visible, who-can, diff, schema\n\
+                  The decision service: serve and migrate run it; decide, publish and policies \
+                  call a running server; audit reads its store:\n  \
+                  serve, migrate, decide, publish, policies, audit",
     color = clap::ColorChoice::Never,
     arg_required_else_help = false,
     subcommand_required = true
