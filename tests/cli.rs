@@ -921,7 +921,11 @@ fn usage_errors_come_before_reading_any_file() {
 fn the_top_level_help_says_which_commands_need_a_server() {
     let help = capgate("--help");
     assert_eq!(help.code, 0);
-    assert!(!help.stdout.contains("answer from the policy file alone"), "{}", help.stdout);
+    assert!(
+        !help.stdout.contains("answer from the policy file alone"),
+        "{}",
+        help.stdout
+    );
     let commands: Vec<&str> = help
         .stdout
         .lines()
@@ -940,12 +944,43 @@ fn the_top_level_help_says_which_commands_need_a_server() {
     };
     let offline = group("Dry run, from the policy file alone");
     let online = group("The decision service:");
-    assert_eq!(offline, ["validate", "explain", "visible", "who-can", "diff", "schema"]);
+    assert_eq!(
+        offline,
+        ["validate", "explain", "visible", "who-can", "diff", "schema"]
+    );
     for command in &commands {
-        let placed = offline.iter().chain(&online).filter(|name| name == command).count();
-        assert_eq!(placed, 1, "`{command}` belongs to exactly one group: {}", help.stdout);
+        let placed = offline
+            .iter()
+            .chain(&online)
+            .filter(|name| name == command)
+            .count();
+        assert_eq!(
+            placed, 1,
+            "`{command}` belongs to exactly one group: {}",
+            help.stdout
+        );
     }
     assert_eq!(offline.len() + online.len(), commands.len());
+}
+
+/// No command's help shows an empty default or an empty environment value, or names a key the
+/// artifact does not have.
+#[test]
+fn help_texts_show_no_empty_values_and_no_wrong_keys() {
+    for command in [
+        "validate", "explain", "visible", "who-can", "diff", "schema", "serve", "migrate", "decide",
+        "publish", "policies", "audit",
+    ] {
+        let help = capgate(&format!("{command} --help"));
+        assert_eq!(help.code, 0, "{command}");
+        for wrong in ["[default: \"\"]", "=]", "`principals.issuer`"] {
+            assert!(
+                !help.stdout.contains(wrong),
+                "`{command} --help` shows {wrong}:\n{}",
+                help.stdout
+            );
+        }
+    }
 }
 
 #[test]

@@ -28,7 +28,7 @@ pub struct Common {
 /// a credential checked as the service would, offline.
 #[derive(Debug, clap::Args)]
 pub struct Asserted {
-    /// The issuer id, as declared under `principals.issuer`. With a credential, the optional issuer
+    /// The issuer id, as declared under `principals.issuers`. With a credential, the optional issuer
     /// hint.
     #[arg(long, value_name = "I", required_unless_present_any = ["token", "api_key", "client_dn"])]
     pub issuer: Option<String>,

@@ -38,7 +38,7 @@ pub struct Args {
     #[arg(long, value_name = "EXPOSED")]
     pub tool: Option<String>,
     /// An idempotency key: the same key returns the first answer again.
-    #[arg(long, value_name = "ID", default_value = "")]
+    #[arg(long, value_name = "ID", default_value = "", hide_default_value = true)]
     pub request_id: String,
     /// Print the response as JSON.
     #[arg(long)]

@@ -31,7 +31,7 @@ pub struct Args {
     #[arg(long)]
     pub dry_run: bool,
     /// Free text stored with the version.
-    #[arg(long, value_name = "C", default_value = "")]
+    #[arg(long, value_name = "C", default_value = "", hide_default_value = true)]
     pub comment: String,
     /// Publish only if this is still the active revision (0: none is active).
     #[arg(long, value_name = "N")]

@@ -83,7 +83,7 @@ fn sqlite_file(url: &str) -> Option<PathBuf> {
 #[derive(Debug, clap::Args)]
 pub struct Server {
     /// The server's URL, e.g. `http://127.0.0.1:50051` (`https://` for TLS).
-    #[arg(long, value_name = "URL", env = "CAPGATE_SERVER")]
+    #[arg(long, value_name = "URL", env = "CAPGATE_SERVER", hide_env_values = true)]
     pub server: String,
     /// A file holding the admin token (otherwise `CAPGATE_TOKEN`; none for a
     /// loopback server without tokens).
