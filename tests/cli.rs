@@ -983,6 +983,46 @@ fn help_texts_show_no_empty_values_and_no_wrong_keys() {
     }
 }
 
+/// `decide --help` says what `decide` does with a credential (the server checks it), names the
+/// caller's token apart from the token the command calls the server with, and asks for a
+/// gateway token, not an admin token.
+#[test]
+fn decide_help_describes_decide() {
+    let help = capgate("decide --help");
+    assert_eq!(help.code, 0);
+    let flag = |name: &str| {
+        help.stdout
+            .lines()
+            .find(|line| line.trim_start().starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in\n{}", help.stdout))
+            .to_owned()
+    };
+    assert!(
+        flag("--caller-token <JWT>").contains("the server verifies it"),
+        "{}",
+        help.stdout
+    );
+    assert!(
+        flag("--api-key <KEY>").contains("the server compares it"),
+        "{}",
+        help.stdout
+    );
+    assert!(
+        flag("--token-file <F>").contains("a gateway token for `decide`"),
+        "{}",
+        help.stdout
+    );
+    assert!(!help.stdout.contains("--token <"), "{}", help.stdout);
+    // The old spelling still works.
+    let old = capgate("explain examples/policy.yaml --token x --capability docs.page.search");
+    assert_eq!(old.code, 2, "{}", old.stderr);
+    assert!(
+        old.stderr.contains("`--caller-token` needs `--jwks FILE`"),
+        "{}",
+        old.stderr
+    );
+}
+
 #[test]
 fn help_and_version_go_to_stdout() {
     let help = capgate("explain --help");

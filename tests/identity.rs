@@ -1028,7 +1028,7 @@ fn explain_checks_a_real_token_against_a_local_key_set() {
     let jwks = offline.path("jwks.json");
     let token = offline.token(json!({"team": "billing"}));
     let (code, json, stderr) = offline.explain(
-        &["--token", &token, "--jwks", &jwks],
+        &["--caller-token", &token, "--jwks", &jwks],
         "billing.refund.create",
         &[],
     );
@@ -1039,20 +1039,35 @@ fn explain_checks_a_real_token_against_a_local_key_set() {
 
     // Checked at `--at`: the same token an hour later has expired.
     let later = offline.explain(
-        &["--token", &token, "--jwks", &jwks, "--at", "2999-01-01T00:00:00Z"],
+        &[
+            "--caller-token",
+            &token,
+            "--jwks",
+            &jwks,
+            "--at",
+            "2999-01-01T00:00:00Z",
+        ],
         "billing.refund.create",
         &[],
     );
     assert_eq!(later.1["problem"], "credential_expired", "{}", later.1);
     // Wrong audience; a key set without the token's key; no key set at all.
     let other = offline.token(json!({"aud": "someone-else"}));
-    let wrong = offline.explain(&["--token", &other, "--jwks", &jwks], "docs.page.search", &[]);
+    let wrong = offline.explain(
+        &["--caller-token", &other, "--jwks", &jwks],
+        "docs.page.search",
+        &[],
+    );
     assert_eq!(wrong.1["problem"], "credential_invalid", "{}", wrong.1);
     let empty = offline.path("empty.json");
     std::fs::write(&empty, r#"{"keys": []}"#).expect("write");
-    let unknown = offline.explain(&["--token", &token, "--jwks", &empty], "docs.page.search", &[]);
+    let unknown = offline.explain(
+        &["--caller-token", &token, "--jwks", &empty],
+        "docs.page.search",
+        &[],
+    );
     assert_eq!(unknown.1["problem"], "credential_invalid", "{}", unknown.1);
-    let (code, _, stderr) = offline.explain(&["--token", &token], "docs.page.search", &[]);
+    let (code, _, stderr) = offline.explain(&["--caller-token", &token], "docs.page.search", &[]);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("--jwks"), "{stderr}");
 }

@@ -43,12 +43,19 @@ pub struct Asserted {
     /// A principal attribute `k=v`; repeating a key makes it multi-valued (no attribute).
     #[arg(long = "attr", value_name = "K=V", value_parser = parse_attr, conflicts_with_all = ["token", "api_key", "client_dn"])]
     pub attrs: Vec<Attr>,
-    /// A bearer JWT of an `oidc` issuer, verified against `--jwks` (signature, `iss`, `aud`, `exp`,
-    /// `nbf` at `--at`).
-    #[arg(long, value_name = "JWT", conflicts_with_all = ["api_key", "client_dn"])]
+    /// The caller's bearer JWT, of an `oidc` issuer. `explain` and `visible` verify it against
+    /// `--jwks` (signature, `iss`, `aud`, `exp`, `nbf` at `--at`); `decide` sends it, and the server
+    /// verifies it. Not the token this command calls a server with (`--token-file`).
+    #[arg(
+        long = "caller-token",
+        alias = "token",
+        value_name = "JWT",
+        conflicts_with_all = ["api_key", "client_dn"]
+    )]
     pub token: Option<String>,
-    /// A `static-key` issuer's key, compared with the keys the issuers' `env://` and `file://`
-    /// references hold on this machine.
+    /// The caller's key, of a `static-key` issuer. `explain` and `visible` compare it with the keys
+    /// the issuers' `env://` and `file://` references hold on this machine; `decide` sends it, and
+    /// the server compares it.
     #[arg(long, value_name = "KEY", conflicts_with = "client_dn")]
     pub api_key: Option<String>,
     /// A client certificate's DN or an Envoy `x-forwarded-client-cert` value, for an `mtls` issuer.
@@ -56,11 +63,11 @@ pub struct Asserted {
     pub client_dn: Option<String>,
 }
 
-/// `--jwks`, for the commands that check a `--token` offline (`explain`,
+/// `--jwks`, for the commands that check a `--caller-token` offline (`explain`,
 /// `visible`; `decide` sends the token to the server instead).
 #[derive(Debug, clap::Args)]
 pub struct LocalKeys {
-    /// The issuer's key set (a JWKS JSON file) to verify `--token` with, offline.
+    /// The issuer's key set (a JWKS JSON file) to verify `--caller-token` with, offline.
     #[arg(long, value_name = "FILE", requires = "token")]
     pub jwks: Option<PathBuf>,
 }
@@ -80,7 +87,7 @@ impl Asserted {
         if let Some(token) = &self.token {
             let Some(path) = keys.jwks.as_deref() else {
                 return Err(Failure::Usage(
-                    "`--token` needs `--jwks FILE`: the issuer's key set to verify it with, offline"
+                    "`--caller-token` needs `--jwks FILE`: the issuer's key set to verify it with, offline"
                         .to_owned(),
                 ));
             };

@@ -85,7 +85,8 @@ pub struct Server {
     /// The server's URL, e.g. `http://127.0.0.1:50051` (`https://` for TLS).
     #[arg(long, value_name = "URL", env = "CAPGATE_SERVER", hide_env_values = true)]
     pub server: String,
-    /// A file holding the admin token (otherwise `CAPGATE_TOKEN`; none for a
+    /// A file holding the token this command calls the server with: a gateway token for
+    /// `decide`, an admin token for `publish` and `policies` (otherwise `CAPGATE_TOKEN`; none for a
     /// loopback server without tokens).
     #[arg(long, value_name = "F")]
     pub token_file: Option<PathBuf>,
