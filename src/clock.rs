@@ -95,6 +95,47 @@ pub fn parse_instant_or_date(text: &str) -> Result<Instant, String> {
     })
 }
 
+/// What the audit commands take for a time (`--since`, `--until`, `--before`), at `now`: an
+/// instant as [`parse`] takes it; a date `YYYY-MM-DD` (its midnight UTC); `today` or `yesterday`
+/// (their midnight UTC); or a span back from now, `90s`, `15m`, `1h`, `2d`, `1w`. Operators ask
+/// "what happened in the last hour" far more often than they type an RFC 3339 instant.
+pub fn parse_when_at(text: &str, now: Instant) -> Result<Instant, String> {
+    const DAY: Instant = 86_400_000;
+    let midnight = now.div_euclid(DAY) * DAY;
+    match text {
+        "today" => return Ok(midnight),
+        "yesterday" => return Ok(midnight - DAY),
+        _ => {}
+    }
+    if let Some(unit_at) = text.find(|c: char| !c.is_ascii_digit()).filter(|&at| at > 0) {
+        let unit_ms: Option<Instant> = match &text[unit_at..] {
+            "s" => Some(1_000),
+            "m" => Some(60_000),
+            "h" => Some(3_600_000),
+            "d" => Some(DAY),
+            "w" => Some(7 * DAY),
+            _ => None,
+        };
+        if let Some(unit_ms) = unit_ms {
+            let span = text[..unit_at]
+                .parse::<Instant>()
+                .ok()
+                .and_then(|amount| amount.checked_mul(unit_ms))
+                .and_then(|span| now.checked_sub(span))
+                .filter(|at| *at >= FIRST);
+            return span.ok_or_else(|| format!("`{text}` reaches back before the year 0000"));
+        }
+    }
+    parse_instant_or_date(text).map_err(|problem| {
+        format!("{problem}, `today`, `yesterday`, or a span back from now such as `1h` or `7d`")
+    })
+}
+
+/// [`parse_when_at`] now.
+pub fn parse_when(text: &str) -> Result<Instant, String> {
+    parse_when_at(text, now())
+}
+
 /// 0000-01-01T00:00:00Z and 9999-12-31T23:59:59.999Z.
 const FIRST: Instant = -62_167_219_200_000;
 const LAST: Instant = 253_402_300_799_999;
@@ -247,6 +288,28 @@ mod tests {
     use super::*;
 
     const DAY: Instant = 86_400_000;
+
+    #[test]
+    fn audit_times_take_dates_day_names_and_spans_back() {
+        let now = parse("2026-12-01T10:30:00Z").unwrap();
+        let at = |text: &str| parse_when_at(text, now).map(format);
+        assert_eq!(at("2026-12-01").unwrap(), "2026-12-01T00:00:00Z");
+        assert_eq!(at("2026-11-30T08:00:00Z").unwrap(), "2026-11-30T08:00:00Z");
+        assert_eq!(at("today").unwrap(), "2026-12-01T00:00:00Z");
+        assert_eq!(at("yesterday").unwrap(), "2026-11-30T00:00:00Z");
+        assert_eq!(at("1h").unwrap(), "2026-12-01T09:30:00Z");
+        assert_eq!(at("90s").unwrap(), "2026-12-01T10:28:30Z");
+        assert_eq!(at("15m").unwrap(), "2026-12-01T10:15:00Z");
+        assert_eq!(at("2d").unwrap(), "2026-11-29T10:30:00Z");
+        assert_eq!(at("1w").unwrap(), "2026-11-24T10:30:00Z");
+        for wrong in ["1y", "h", "-1h", "soon", "99999999999999999999d"] {
+            let problem = at(wrong).unwrap_err();
+            assert!(
+                problem.contains("`1h`") || problem.contains("before the year"),
+                "{wrong}: {problem}"
+            );
+        }
+    }
 
     #[test]
     fn accepts_the_spec_shape_in_both_cases() {

@@ -337,6 +337,26 @@ fn notes_end_to_end<S: Store>(url: &str, store: &S) {
         "{}",
         human.stdout
     );
+    // The audit commands' times: dates and spans as well as instants.
+    let february = capgate(&[
+        "audit",
+        "--since",
+        "2025-02-01",
+        "--until",
+        "2025-03-01",
+        "--json",
+        "--database-url",
+        url,
+    ]);
+    assert_eq!(february.code, 0, "{february:?}");
+    let found: Value = serde_json::from_str(&february.stdout).expect("JSON");
+    assert_eq!(found.as_array().map(Vec::len), Some(1), "{found}");
+    let lately = capgate(&["audit", "--since", "1h", "--json", "--database-url", url]);
+    assert_eq!(lately.code, 0, "{lately:?}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&lately.stdout).expect("JSON"),
+        serde_json::json!([])
+    );
     let json = capgate(&["audit", "--json", "--database-url", url]);
     let found: Value = serde_json::from_str(&json.stdout).expect("JSON");
     assert_eq!(
@@ -417,7 +437,13 @@ fn usage_errors_name_the_flag() {
     check(
         &["audit", "prune", "--before", "last tuesday"],
         "invalid value 'last tuesday' for '--before <T>': expected an RFC 3339 instant such as \
-         `2026-01-02T15:04:05Z` or a date such as `2026-01-02`",
+         `2026-01-02T15:04:05Z` or a date such as `2026-01-02`, `today`, `yesterday`, or a span \
+         back from now such as `1h` or `7d`",
+    );
+    // A query's range must be one: `--since` after `--until` would silently match nothing.
+    check(
+        &["audit", "--since", "2026-12-01", "--until", "yesterday"],
+        "`--since 2026-12-01T00:00:00Z` is not before `--until",
     );
     check(
         &["audit", "prune", "--before", "2025-02-30"],

@@ -1,8 +1,9 @@
 //! `capgate audit [--principal P] [--capability C] [--outcome O] [--code X]
 //! [--since T] [--until T] [--limit N] [--json]`: the audit trail, newest
 //! first, read from the store directly (`--database-url`). `--since` is
-//! inclusive, `--until` exclusive; both take RFC 3339 instants as `explain
-//! --at` does. `--json` prints an array of records with the table's columns.
+//! inclusive, `--until` exclusive; both take what `clock::parse_when` takes
+//! (an instant, a date, `today`, `yesterday`, `1h`, `7d`), and `--since` must
+//! come first. `--json` prints an array of records with the table's columns.
 //!
 //! `capgate audit prune --before T` removes whole months of it (`prune.rs`);
 //! the filters belong to the query and cannot be combined with it.
@@ -13,7 +14,6 @@ use std::fmt::Write as _;
 
 use crate::store::{AuditFilter, AuditRecord, DecisionNote, Door, RecordOutcome, Store};
 
-use super::args::parse_instant;
 use super::remote::{runtime, Database};
 use super::{Exit, Failure, Outcome};
 use crate::clock;
@@ -48,11 +48,12 @@ pub struct Query {
     /// Only this reason or problem code (`limit_exhausted`, `issuer_unknown`, …).
     #[arg(long, value_name = "X")]
     pub code: Option<String>,
-    /// From this instant on (inclusive).
-    #[arg(long, value_name = "T", value_parser = parse_instant)]
+    /// From this instant on (inclusive): RFC 3339, a date (`2026-12-01`, midnight UTC), `today`,
+    /// `yesterday`, or a span back from now (`1h`, `7d`).
+    #[arg(long, value_name = "T", value_parser = clock::parse_when)]
     pub since: Option<i64>,
-    /// Before this instant (exclusive).
-    #[arg(long, value_name = "T", value_parser = parse_instant)]
+    /// Before this instant (exclusive), in the same forms as `--since`.
+    #[arg(long, value_name = "T", value_parser = clock::parse_when)]
     pub until: Option<i64>,
     /// At most this many records.
     #[arg(long, value_name = "N", default_value_t = 100)]
@@ -72,6 +73,15 @@ pub fn run(args: &Args) -> Result<Outcome, Failure> {
 }
 
 fn query(args: &Query) -> Result<Outcome, Failure> {
+    if let (Some(since), Some(until)) = (args.since, args.until) {
+        if since >= until {
+            return Err(Failure::Usage(format!(
+                "`--since {}` is not before `--until {}`: no record can match",
+                clock::format(since),
+                clock::format(until)
+            )));
+        }
+    }
     let filter = AuditFilter {
         principal_id: args.principal.clone(),
         capability: args.capability.clone(),

@@ -21,9 +21,10 @@ use crate::clock;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Drop the months that end at or before this instant (RFC 3339, or a
-    /// date `YYYY-MM-DD` for its midnight UTC); the month holding it is kept.
-    #[arg(long, value_name = "T", value_parser = clock::parse_instant_or_date)]
+    /// Drop the months that end at or before this instant (RFC 3339, a date
+    /// `YYYY-MM-DD` for its midnight UTC, `today`, `yesterday`, or a span back
+    /// from now such as `90d`); the month holding it is kept.
+    #[arg(long, value_name = "T", value_parser = clock::parse_when)]
     pub before: i64,
     /// Print what would be dropped, and drop nothing.
     #[arg(long)]
