@@ -861,6 +861,10 @@ fn schema_prints_the_json_schema() {
 
 // ── usage errors, unreadable inputs, standard input ─────────────────────────
 
+fn stderr_first_line(run: &Run) -> &str {
+    run.stderr.lines().next().unwrap_or_default()
+}
+
 #[test]
 fn usage_errors_exit_2_with_one_line_and_a_hint() {
     let explain = "explain examples/policy.yaml --issuer staff --subject a --capability x";
@@ -899,7 +903,14 @@ fn usage_errors_exit_2_with_one_line_and_a_hint() {
     for line in &cases {
         let run = capgate(line);
         assert_eq!(run.code, 2, "{line}: {}", run.stderr);
-        assert_eq!(run.stdout, "", "{line}");
+        if line.contains("--json") {
+            // A `--json` run says it as a document too (and the line on stderr).
+            let document: Value = serde_json::from_str(&run.stdout).expect("a JSON error");
+            assert_eq!(document["error"]["exit"], 2, "{line}");
+            assert!(stderr_first_line(&run).ends_with(document["error"]["message"].as_str().unwrap()));
+        } else {
+            assert_eq!(run.stdout, "", "{line}");
+        }
         let stderr: Vec<&str> = run.stderr.lines().collect();
         assert_eq!(stderr.len(), 2, "{line}: {}", run.stderr);
         assert!(stderr[0].starts_with("error: "), "{line}: {}", run.stderr);

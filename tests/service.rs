@@ -2121,6 +2121,71 @@ async fn the_command_line_publishes_lists_activates_and_reads_the_audit() {
     let rolled = capgate(&["policies", "activate", "1", "--server", &server]);
     assert_eq!(rolled.exit, Exit::Done, "{rolled:?}");
     assert!(rolled.stdout.contains("activated: revision 1"));
+    // Every command takes `--json`, its errors included.
+    let parse = |outcome: &capgate::cli::Outcome| -> serde_json::Value {
+        serde_json::from_str(&outcome.stdout).unwrap_or_else(|_| panic!("JSON: {outcome:?}"))
+    };
+    let tighter_json = capgate(&[
+        "publish",
+        &tighter,
+        "--catalog",
+        &catalog,
+        "--server",
+        &server,
+        "--dry-run",
+        "--json",
+    ]);
+    assert_eq!(tighter_json.exit, Exit::Done, "{tighter_json:?}");
+    let document = parse(&tighter_json);
+    assert_eq!(
+        (
+            &document["accepted"],
+            &document["dry_run"],
+            &document["unchanged"],
+            &document["revision"]
+        ),
+        (
+            &serde_json::json!(true),
+            &serde_json::json!(true),
+            &serde_json::json!(false),
+            &serde_json::Value::Null
+        ),
+        "{document}"
+    );
+    // Revision 1 is active again, so the tighter version would change three decisions.
+    assert_eq!(document["changes"].as_array().map(Vec::len), Some(3), "{document}");
+    assert!(document["policy"]["version"]
+        .as_str()
+        .unwrap()
+        .starts_with("sha256:"));
+    let versions = parse(&capgate(&["policies", "list", "--json", "--server", &server]));
+    let listed: Vec<(u64, bool)> = versions
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|version| {
+            (
+                version["revision"].as_u64().unwrap(),
+                version["active"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(listed, [(2, false), (1, true)], "{versions}");
+    let nowhere = capgate(&[
+        "decide",
+        "--server",
+        "http://127.0.0.1:1",
+        "--issuer",
+        "staff",
+        "--subject",
+        "ana",
+        "--capability",
+        "x",
+        "--json",
+    ]);
+    assert_eq!(nowhere.exit, Exit::Input, "{nowhere:?}");
+    assert_eq!(parse(&nowhere)["error"]["exit"], 3, "{nowhere:?}");
+
     // A compare-and-set conflict is a finding, as for `publish`: exit 1.
     let stale = capgate(&[
         "policies",
@@ -2133,6 +2198,17 @@ async fn the_command_line_publishes_lists_activates_and_reads_the_audit() {
     ]);
     assert_eq!(stale.exit, Exit::Findings, "{stale:?}");
     assert!(stale.stderr.starts_with("error: "), "{}", stale.stderr);
+    let stale_json = capgate(&[
+        "policies",
+        "activate",
+        "2",
+        "--expected-revision",
+        "2",
+        "--json",
+        "--server",
+        &server,
+    ]);
+    assert_eq!(parse(&stale_json)["error"]["exit"], 1, "{stale_json:?}");
     let missing = capgate(&["policies", "activate", "9", "--server", &server]);
     assert_eq!(missing.exit, Exit::Input);
     assert!(missing.stderr.contains("not found"), "{}", missing.stderr);

@@ -114,7 +114,7 @@ fn failing_sides(before: &Loaded, after: &Loaded, as_json: bool) -> Outcome {
     }
 }
 
-fn change_json(change: &Change) -> Value {
+pub(super) fn change_json(change: &Change) -> Value {
     let Change {
         issuer,
         attributes,

@@ -146,10 +146,16 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let cli = match Cli::try_parse_from(arguments) {
+    let arguments: Vec<OsString> = arguments.into_iter().map(Into::into).collect();
+    let cli = match Cli::try_parse_from(arguments.iter().cloned()) {
         Ok(cli) => cli,
-        Err(error) => return clap_outcome(&error),
+        Err(error) => {
+            // Not parsed, so the flag is looked for as written.
+            let json = arguments.iter().any(|argument| argument == "--json");
+            return errors_as_json(clap_outcome(&error), json);
+        }
     };
+    let json = cli.command.wants_json();
     let mut inputs = Inputs::new(stdin);
     let result = match &cli.command {
         Command::Validate(args) => validate::run(args, &mut inputs),
@@ -165,7 +171,7 @@ where
         Command::Policies(args) => policies::run(args),
         Command::Audit(args) => audit::run(args),
     };
-    result.unwrap_or_else(|failure| match failure {
+    let outcome = result.unwrap_or_else(|failure| match failure {
         Failure::Usage(message) => Outcome {
             stdout: String::new(),
             stderr: format!("error: {message}\n{HINT}\n"),
@@ -176,7 +182,52 @@ where
             stderr: format!("error: {message}\n"),
             exit: Exit::Input,
         },
-    })
+    });
+    errors_as_json(outcome, json)
+}
+
+impl Command {
+    /// Whether the invocation asked for `--json`.
+    fn wants_json(&self) -> bool {
+        match self {
+            Command::Validate(args) => args.common.json,
+            Command::Explain(args) => args.common.json,
+            Command::Visible(args) => args.common.json,
+            Command::WhoCan(args) => args.common.json,
+            Command::Diff(args) => args.common.json,
+            Command::Decide(args) => args.json,
+            Command::Publish(args) => args.json,
+            Command::Policies(args) => match &args.command {
+                policies::Command::List { json, .. } | policies::Command::Activate { json, .. } => *json,
+            },
+            Command::Audit(args) => match &args.command {
+                Some(audit::Command::Prune(prune)) => prune.json,
+                None => args.query.json,
+            },
+            // The schema is JSON already; serve and migrate print logs, not documents.
+            Command::Schema(_) | Command::Serve(_) | Command::Migrate(_) => false,
+        }
+    }
+}
+
+/// With `--json`, a run that ends in an error and printed no document prints one: `{"error":
+/// {"exit": N, "message": "…"}}` on standard output (the human line stays on standard error), so
+/// a script reads every answer the same way.
+fn errors_as_json(outcome: Outcome, json: bool) -> Outcome {
+    if !json || outcome.exit == Exit::Done || !outcome.stdout.is_empty() || outcome.stderr.is_empty() {
+        return outcome;
+    }
+    let message = outcome
+        .stderr
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("error: ")
+        .to_owned();
+    Outcome {
+        stdout: to_json(&serde_json::json!({"error": {"exit": outcome.exit.code(), "message": message}})),
+        ..outcome
+    }
 }
 
 /// Help and version go to stdout with exit 0. Every other clap error is a

@@ -27,6 +27,9 @@ pub enum Command {
         /// At most this many.
         #[arg(long, value_name = "N", default_value_t = 20)]
         limit: u32,
+        /// Print a JSON array of versions.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         server: Server,
     },
@@ -38,6 +41,9 @@ pub enum Command {
         /// Only if this is still the active revision.
         #[arg(long, value_name = "N")]
         expected_revision: Option<u64>,
+        /// Print the outcome as one JSON document.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         server: Server,
     },
@@ -45,16 +51,17 @@ pub enum Command {
 
 pub fn run(args: &Args) -> Result<Outcome, Failure> {
     match &args.command {
-        Command::List { limit, server } => list(*limit, server),
+        Command::List { limit, json, server } => list(*limit, *json, server),
         Command::Activate {
             revision,
             expected_revision,
+            json,
             server,
-        } => activate(*revision, *expected_revision, server),
+        } => activate(*revision, *expected_revision, *json, server),
     }
 }
 
-fn list(limit: u32, server: &Server) -> Result<Outcome, Failure> {
+fn list(limit: u32, as_json: bool, server: &Server) -> Result<Outcome, Failure> {
     let versions = runtime()?.block_on(async {
         let connection = server.connect().await?;
         let mut client = PolicyServiceClient::new(connection.channel.clone());
@@ -64,6 +71,25 @@ fn list(limit: u32, server: &Server) -> Result<Outcome, Failure> {
             .map(|response| response.into_inner().versions)
             .map_err(|status| status_failure(&status))
     })?;
+    if as_json {
+        let versions: Vec<serde_json::Value> = versions
+            .iter()
+            .map(|version| {
+                serde_json::json!({
+                    "revision": version.revision,
+                    "version": version.version,
+                    "active": version.active,
+                    "author": version.author,
+                    "comment": version.comment,
+                    "created_at": version.created_at.as_ref().map(|at| clock::format(convert::millis(at))),
+                })
+            })
+            .collect();
+        return Ok(Outcome::stdout(
+            super::to_json(&serde_json::Value::Array(versions)),
+            Exit::Done,
+        ));
+    }
     let mut out = String::new();
     if versions.is_empty() {
         let _ = writeln!(out, "no policy version is stored");
@@ -89,7 +115,12 @@ fn list(limit: u32, server: &Server) -> Result<Outcome, Failure> {
 
 /// A compare-and-set conflict exits 1, as `publish`'s does: the request was understood and
 /// refused, which is a finding, not an input that could not be used.
-fn activate(revision: u64, expected: Option<u64>, server: &Server) -> Result<Outcome, Failure> {
+fn activate(
+    revision: u64,
+    expected: Option<u64>,
+    as_json: bool,
+    server: &Server,
+) -> Result<Outcome, Failure> {
     let answer = runtime()?.block_on(async {
         let connection = server.connect().await.map_err(Err)?;
         let mut client = PolicyServiceClient::new(connection.channel.clone());
@@ -120,6 +151,18 @@ fn activate(revision: u64, expected: Option<u64>, server: &Server) -> Result<Out
         Err(Err(failure)) => return Err(failure),
     };
     let ActivatePolicyResponse { version, changes } = response;
+    if as_json {
+        let document = serde_json::json!({
+            "revision": revision,
+            "version": version.as_ref().map(|version| version.version.clone()),
+            "changes": changes
+                .iter()
+                .filter_map(convert::change_from)
+                .map(|change| super::diff::change_json(&change))
+                .collect::<Vec<_>>(),
+        });
+        return Ok(Outcome::stdout(super::to_json(&document), Exit::Done));
+    }
     let mut out = String::new();
     let label = version.as_ref().map_or("", |version| version.version.as_str());
     let _ = writeln!(out, "activated: revision {revision} ({label}) is active\n");

@@ -17,7 +17,8 @@ use capgate_core::policy::Document;
 
 use super::input::{Inputs, Source};
 use super::remote::{runtime, status_failure, Server};
-use super::{diff, render, Exit, Failure, Outcome};
+use super::{diff, json, render, Exit, Failure, Outcome};
+use serde_json::Value;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -36,6 +37,9 @@ pub struct Args {
     /// Publish only if this is still the active revision (0: none is active).
     #[arg(long, value_name = "N")]
     pub expected_revision: Option<u64>,
+    /// Print the outcome as one JSON document (cli.md, "publish").
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub server: Server,
 }
@@ -78,6 +82,7 @@ pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
             })
     });
     match answer {
+        Ok(response) if args.json => Ok(report_json(&source, args.dry_run, &response.into_inner())),
         Ok(response) => Ok(report(&source, args.dry_run, &response.into_inner())),
         Err(Ok(conflict)) => Ok(Outcome {
             stdout: String::new(),
@@ -126,6 +131,48 @@ fn report(source: &Source, dry_run: bool, response: &PublishPolicyResponse) -> O
     stdout.push('\n');
     stdout.push_str(&render_changes(changes));
     Outcome::stdout(stdout, Exit::Done)
+}
+
+/// The outcome as JSON: `{"policy", "accepted", "dry_run", "unchanged", "revision",
+/// "diagnostics", "changes"}`; exit 1 when the artifact does not compile, as in the human form.
+fn report_json(source: &Source, dry_run: bool, response: &PublishPolicyResponse) -> Outcome {
+    let PublishPolicyResponse {
+        accepted,
+        revision,
+        version,
+        diagnostics,
+        changes,
+        unchanged,
+    } = response;
+    let diagnostics: Vec<Value> = diagnostics
+        .iter()
+        .map(|diagnostic| match convert::diagnostic_from(diagnostic) {
+            Ok(known) => json::diagnostic(&known),
+            // A code this build does not know: what the server said, as it said it.
+            Err(_) => serde_json::json!({
+                "severity": diagnostic.severity,
+                "code": diagnostic.code,
+                "message": diagnostic.message,
+                "path": diagnostic.path,
+            }),
+        })
+        .collect();
+    let changes: Vec<Value> = changes
+        .iter()
+        .filter_map(convert::change_from)
+        .map(|change| diff::change_json(&change))
+        .collect();
+    let document = serde_json::json!({
+        "policy": {"origin": source.origin, "version": version},
+        "accepted": accepted,
+        "dry_run": dry_run,
+        "unchanged": unchanged,
+        "revision": (*accepted && (!dry_run || *unchanged)).then_some(*revision),
+        "diagnostics": diagnostics,
+        "changes": changes,
+    });
+    let exit = if *accepted { Exit::Done } else { Exit::Findings };
+    Outcome::stdout(super::to_json(&document), exit)
 }
 
 /// The server's diagnostics as `validate` prints them, with snippets from
