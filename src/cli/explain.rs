@@ -169,7 +169,7 @@ fn to_json(loaded: &Loaded, document: Option<&Document>, explanation: &Explanati
         Ok(Resolution { principal, discarded }) => (json::principal(principal), json!(discarded), None),
         Err(problem) => (Value::Null, json!([]), Some(*problem)),
     };
-    json!({
+    let mut document = json!({
         "policy": json::policy(&loaded.source, &loaded.compilation.version),
         "at": clock::format(*at),
         "usage": json::usage(*usage),
@@ -180,8 +180,12 @@ fn to_json(loaded: &Loaded, document: Option<&Document>, explanation: &Explanati
         "tool": tool.map_or(Value::Null, json::tool_ref),
         "unknown_tool": unknown_tool,
         "decision": decision.as_ref().map_or(Value::Null, |decision| json::decision(decision, document)),
-        "tools": tools.iter().map(|tool| json::tool_ref(tool)).collect::<Vec<_>>(),
-    })
+    });
+    // Optional members that do not apply are absent (cli.md): the realising tools on an allow only.
+    if decision.as_ref().is_some_and(Decision::is_allow) {
+        document["tools"] = json!(tools.iter().map(|tool| json::tool_ref(tool)).collect::<Vec<_>>());
+    }
+    document
 }
 
 fn human(loaded: &Loaded, document: Option<&Document>, explanation: &Explanation<'_>) -> String {
