@@ -2153,7 +2153,11 @@ async fn the_command_line_publishes_lists_activates_and_reads_the_audit() {
         "{document}"
     );
     // Revision 1 is active again, so the tighter version would change three decisions.
-    assert_eq!(document["changes"].as_array().map(Vec::len), Some(3), "{document}");
+    assert_eq!(
+        document["changes"].as_array().map(Vec::len),
+        Some(3),
+        "{document}"
+    );
     assert!(document["policy"]["version"]
         .as_str()
         .unwrap()

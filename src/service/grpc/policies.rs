@@ -349,15 +349,10 @@ impl<S: Store> PolicyService for Policies<S> {
             .await
             .map_err(|error| unavailable(&error))?
             .ok_or_else(|| Status::not_found(format!("no stored revision {revision}")))?;
-        // Refuse to activate what this build would not run.
-        let candidate = match compile_text(stored.artifact.clone(), stored.catalog.clone()).await {
-            Compiled::Ok { policy, document, .. } => Active::new(
-                revision,
-                stored.version.clone(),
-                *policy,
-                *document,
-                catalog_label(stored.catalog.as_deref()),
-            ),
+        // Refuse to activate what this build would not run. Its static keys are read (and their
+        // problems logged) only once it is active: a refused activation says nothing about them.
+        let (policy, document) = match compile_text(stored.artifact.clone(), stored.catalog.clone()).await {
+            Compiled::Ok { policy, document, .. } => (policy, document),
             Compiled::Rejected { .. } | Compiled::BadCatalog(_) => {
                 return Err(Status::failed_precondition(format!(
                     "revision {revision} does not compile with this build; it cannot be activated"
@@ -373,8 +368,16 @@ impl<S: Store> PolicyService for Policies<S> {
             ActivateOutcome::NotFound => Err(Status::not_found(format!("no stored revision {revision}"))),
             ActivateOutcome::Conflict { active } => Err(conflict(expected_active_revision, active)),
             ActivateOutcome::Activated(stored) => {
-                traced(Some(stored.revision), Some(&stored.version));
+                // The revision is on the span already; recording it again would print it twice.
+                traced(None, Some(&stored.version));
                 tracing::info!(revision, author = %caller.name, "policy version activated");
+                let candidate = Active::new(
+                    revision,
+                    stored.version.clone(),
+                    *policy,
+                    *document,
+                    catalog_label(stored.catalog.as_deref()),
+                );
                 let changes = changes(before.as_deref(), &candidate.policy);
                 if let Err(error) = self.state.active.refresh(store, Some(Arc::new(candidate))).await {
                     tracing::warn!(%error, "activated, but not yet installed on this replica");
