@@ -575,6 +575,44 @@ impl<'t> Builder<'t> {
         content
     }
 
+    /// A block sequence written at its key's indentation (`grants:` then
+    /// `- to: …`) starts at its first `-`, like any block sequence. The
+    /// parser starts such an "indentless" sequence where its first item does,
+    /// after the `-` and the blanks that follow it (or at the line's end, for
+    /// an empty first item), so the `-` is the first non-blank character of
+    /// that line. An indented sequence already starts at its `-`, which is
+    /// the first non-blank of its line too; a flow sequence starts at `[`.
+    /// Only mapping values can be indentless, and a block sequence that is a
+    /// mapping value always starts a line of its own (`a: - x` is not YAML),
+    /// unless it follows an explicit `:` indicator, which is not a `-`.
+    fn indentless_dash(&mut self, content: Position) -> Position {
+        let chars = self.chars.get_or_insert_with(|| Chars {
+            chars: self.text.chars().collect(),
+        });
+        if chars.get(content.offset) == Some('[') {
+            return content;
+        }
+        let mut line_start = content.offset;
+        while line_start > 0 && !matches!(chars.get(line_start - 1), Some('\n' | '\r')) {
+            line_start -= 1;
+        }
+        let mut first = line_start;
+        while first < content.offset && matches!(chars.get(first), Some(' ' | '\t')) {
+            first += 1;
+        }
+        let dash = chars.get(first) == Some('-')
+            && matches!(chars.get(first + 1), None | Some(' ' | '\t' | '\n' | '\r'));
+        if dash && first < content.offset && content.column > content.offset - first {
+            Position {
+                line: content.line,
+                column: content.column - (content.offset - first),
+                offset: first,
+            }
+        } else {
+            content
+        }
+    }
+
     fn push_node(&mut self, node: Node) -> NodeId {
         let id = NodeId(u32::try_from(self.nodes.len()).unwrap_or(u32::MAX));
         self.nodes.push(node);
@@ -590,8 +628,9 @@ impl<'t> Builder<'t> {
         span: &Span,
     ) -> bool {
         let has_properties = anchor != 0 || tag.is_some();
-        // An empty scalar has no content to skip to: a tagged one (`a: !!str`)
-        // starts at its tag, not at whatever follows on the next line.
+        // An empty scalar has no content to skip to: a tagged empty string
+        // (`a: !!str`) starts at its tag, not at whatever follows on the next
+        // line. An empty null has no position, tagged (`a: !!null`) or not.
         let empty_text = text.is_empty() && style == ScalarStyle::Plain;
         let mut position = self.content_start(span, has_properties && !empty_text);
         if matches!(style, ScalarStyle::Literal | ScalarStyle::Folded) {
@@ -607,11 +646,7 @@ impl<'t> Builder<'t> {
         let empty = matches!(value, Value::Null) && text.is_empty() && style == ScalarStyle::Plain;
         let id = self.push_node(Node {
             value,
-            position: if empty && tag.is_none() {
-                None
-            } else {
-                Some(position)
-            },
+            position: if empty { None } else { Some(position) },
             expansions: 0,
             height: 0,
         });
@@ -661,7 +696,18 @@ impl<'t> Builder<'t> {
     }
 
     fn open(&mut self, mapping: bool, anchor: usize, tag: Option<&Tag>, span: &Span) -> bool {
-        let position = self.content_start(span, anchor != 0 || tag.is_some());
+        let has_properties = anchor != 0 || tag.is_some();
+        let mut position = self.content_start(span, has_properties);
+        let is_value = matches!(
+            self.stack.last(),
+            Some(Frame::Mapping {
+                pending_key: Some(_),
+                ..
+            })
+        );
+        if !mapping && !has_properties && is_value {
+            position = self.indentless_dash(position);
+        }
         if self.depth() >= MAX_DEPTH {
             self.error(
                 format!("collections are nested deeper than {MAX_DEPTH} levels"),
