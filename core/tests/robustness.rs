@@ -7,6 +7,7 @@
 //! with such tokens spliced in. Explicit: the classic attacks, each with the
 //! diagnostic and position the spec asks for.
 
+use capgate_core::policy::document::Document;
 use capgate_core::policy::{compile, has_errors, load_catalog, CatalogError, Code, Compilation, Diagnostic};
 use proptest::prelude::*;
 
@@ -348,5 +349,54 @@ fn empty_and_comment_only_documents_fail_the_schema_without_a_position() {
             .map(|d| (d.code.as_str(), d.path.as_str(), d.position))
             .collect();
         assert_eq!(found, [("schema_violation", "", None)], "{text:?}");
+    }
+}
+
+/// YAML 1.2 §5.1: a stream holds only printable characters. The C0 controls
+/// (tab and line breaks aside) are never printable, not even in a comment; a
+/// byte order mark may open the stream but never appear inside the document.
+/// Each row is (text, where the error is).
+#[test]
+fn characters_yaml_1_2_does_not_allow() {
+    let rows: &[(&str, (usize, usize))] = &[
+        // C0 controls in comments: a whole-line one, an end-of-line one, after the document.
+        ("# a\u{1}b\nversion: 1\n", (1, 4)),
+        ("version: 1 # bell\u{7}\n", (1, 18)),
+        ("version: 1\n# \u{1b}[31m\n", (2, 3)),
+        // C0 controls in scalars, plain and quoted (quoting allows tab, not the others).
+        ("a: x\u{0}y\n", (1, 5)),
+        ("a: \"x\u{8}y\"\n", (1, 6)),
+        // A byte order mark anywhere but at the very start of the stream.
+        ("version: 1\n\u{feff}capabilities: []\n", (2, 1)),
+        ("\u{feff}version: 1\n\u{feff}# again\n", (2, 1)),
+        ("a: x\u{feff}y\n", (1, 5)),
+        ("a:\n  - \u{feff}x\n", (2, 5)),
+        // DEL and the C1 controls (NEL aside) are allowed inside quotes only.
+        ("version: 1 # \u{7f}\n", (1, 14)),
+        ("a: x\u{9b}y\n", (1, 5)),
+    ];
+    for (text, (line, column)) in rows {
+        assert_eq!(only(text.as_bytes()), syntax_at(*line, *column), "{text:?}");
+    }
+}
+
+#[test]
+fn printable_characters_yaml_1_2_allows() {
+    // Tabs in comments and quoted scalars, a leading byte order mark, and the
+    // characters JSON allows inside quotes (a BOM, DEL and C1 among them).
+    for text in [
+        "# a\tcomment\nversion: 1\n",
+        "\u{feff}version: 1\n",
+        "\u{feff}# a comment\nversion: 1\n",
+        "a: \"x\ty\"\n",
+        "a: \"x\u{feff}y\"\n",
+        "a: 'x\u{feff}y'\n",
+        "a: \"x\u{7f}\u{85}\u{9f}y\"\n",
+    ] {
+        assert!(
+            Document::parse(text).is_ok(),
+            "{text:?}: {:?}",
+            Document::parse(text)
+        );
     }
 }

@@ -265,8 +265,9 @@ fn the_example_compiles_cleanly_and_with_its_catalog_warns_twice() {
     assert_eq!(
         diagnostics(POLICY, Some(&catalog())),
         [
-            "warning catalog_tool_unmapped /upstreams",
-            "warning catalog_tool_unmapped /upstreams"
+            // At the upstream each unmapped tool belongs to: helpdesk, payments.
+            "warning catalog_tool_unmapped /upstreams/0",
+            "warning catalog_tool_unmapped /upstreams/3"
         ]
     );
     let result = compile(POLICY.as_bytes(), Some(&catalog()));
@@ -425,9 +426,9 @@ fn edit_rename_a_mapped_tool_the_catalog_still_lists() {
         diagnostics(&text, Some(&catalog())),
         [
             "error tool_not_in_catalog /upstreams/0/tools/0/name",
-            "warning catalog_tool_unmapped /upstreams",
-            "warning catalog_tool_unmapped /upstreams",
-            "warning catalog_tool_unmapped /upstreams",
+            "warning catalog_tool_unmapped /upstreams/0",
+            "warning catalog_tool_unmapped /upstreams/0",
+            "warning catalog_tool_unmapped /upstreams/3",
         ]
     );
     // Without the catalog the rename is invisible to the compiler.

@@ -324,6 +324,82 @@ fn position_after(prefix: &str) -> Position {
     Position { line, column, offset }
 }
 
+/// Characters YAML 1.2 does not allow where they stand (§5.1, §5.2), which
+/// the parser lets through: a stream holds only printable characters, and
+/// the C0 controls other than tab and the line breaks are never printable,
+/// not even in a comment or inside quotes. DEL, the C1 controls other than
+/// NEL, U+FFFE and U+FFFF are not printable either, but JSON allows them in
+/// strings, so YAML does inside quoted scalars (`nb-json`); so it does a byte
+/// order mark, which is otherwise allowed only at the very start of the
+/// stream: our stream holds one document, and a BOM anywhere else is inside it.
+struct Unprintable {
+    /// (character index, byte index, character, allowed inside quotes), in text order.
+    found: Vec<(usize, usize, char, bool)>,
+    /// Parallel to `found`: seen inside a quoted scalar, where it is allowed.
+    quoted: Vec<bool>,
+}
+
+impl Unprintable {
+    fn scan(text: &str) -> Self {
+        let found: Vec<(usize, usize, char, bool)> = text
+            .char_indices()
+            .enumerate()
+            .filter_map(|(index, (byte, ch))| {
+                let quotable = match ch {
+                    '\t' | '\n' | '\r' => return None,
+                    '\u{0}'..='\u{1f}' => false,
+                    '\u{feff}' if index == 0 => return None,
+                    '\u{7f}'
+                    | '\u{80}'..='\u{84}'
+                    | '\u{86}'..='\u{9f}'
+                    | '\u{feff}'
+                    | '\u{fffe}'
+                    | '\u{ffff}' => true,
+                    _ => return None,
+                };
+                Some((index, byte, ch, quotable))
+            })
+            .collect();
+        let quoted = vec![false; found.len()];
+        Unprintable { found, quoted }
+    }
+
+    /// Marks what lies inside a quoted scalar's span (character indices).
+    fn allow_quoted(&mut self, span: std::ops::Range<usize>) {
+        let from = self.found.partition_point(|&(index, ..)| index < span.start);
+        let to = self.found.partition_point(|&(index, ..)| index < span.end);
+        for at in from..to {
+            self.quoted[at] = self.found[at].3;
+        }
+    }
+
+    /// The first character not allowed where it stands, before `stop` (the
+    /// character index where parsing stopped, if it did): its byte index and
+    /// the message.
+    fn first_before(&self, stop: Option<usize>) -> Option<(usize, String)> {
+        let at = (0..self.found.len()).find(|&at| !self.quoted[at])?;
+        let (index, byte, ch, _) = self.found[at];
+        if stop.is_some_and(|stop| index >= stop) {
+            return None;
+        }
+        let message = match ch {
+            '\u{feff}' => "a byte order mark must not appear inside a document (only at the very start \
+                            of the stream)"
+                .to_owned(),
+            '\u{0}'..='\u{1f}' => format!(
+                "the control character U+{:04X} is not allowed anywhere in YAML, comments and \
+                 quoted strings included (only tab and line breaks are)",
+                u32::from(ch)
+            ),
+            _ => format!(
+                "the character U+{:04X} is not printable: YAML allows it only inside a quoted string",
+                u32::from(ch)
+            ),
+        };
+        Some((byte, message))
+    }
+}
+
 /// Random access to the text by character index (the parser's unit).
 struct Chars {
     chars: Vec<char>,
@@ -386,6 +462,10 @@ impl<'t> Builder<'t> {
     }
 
     fn run(mut self) -> Result<Document, Vec<SyntaxError>> {
+        let mut unprintable = Unprintable::scan(self.text);
+        // Where parsing stopped on an error, if it did: characters past it
+        // were never read as YAML, so nothing is said about them.
+        let mut stopped_at = None;
         let mut parser = Parser::new_from_str(self.text);
         loop {
             let (event, span) = match parser.next_event() {
@@ -393,6 +473,7 @@ impl<'t> Builder<'t> {
                 Some(Ok(next)) => next,
                 Some(Err(error)) => {
                     let marker = error.marker();
+                    stopped_at = Some(marker.index());
                     self.errors.push(SyntaxError {
                         message: error.info().to_owned(),
                         position: Position {
@@ -404,6 +485,9 @@ impl<'t> Builder<'t> {
                     break;
                 }
             };
+            if let Event::Scalar(_, ScalarStyle::SingleQuoted | ScalarStyle::DoubleQuoted, ..) = event {
+                unprintable.allow_quoted(span.start.index()..span.end.index());
+            }
             let fatal = match event {
                 Event::StreamEnd => break,
                 Event::StreamStart | Event::DocumentEnd | Event::Nothing => false,
@@ -431,8 +515,13 @@ impl<'t> Builder<'t> {
                 }
             };
             if fatal {
+                stopped_at = self.errors.last().map(|error| error.position.offset);
                 break;
             }
+        }
+        if let Some((at, message)) = unprintable.first_before(stopped_at) {
+            let position = position_after(&self.text[..at]);
+            self.error(message, position);
         }
         if self.errors.is_empty() {
             Ok(Document {
@@ -575,6 +664,44 @@ impl<'t> Builder<'t> {
         content
     }
 
+    /// A block sequence written at its key's indentation (`grants:` then
+    /// `- to: …`) starts at its first `-`, like any block sequence. The
+    /// parser starts such an "indentless" sequence where its first item does,
+    /// after the `-` and the blanks that follow it (or at the line's end, for
+    /// an empty first item), so the `-` is the first non-blank character of
+    /// that line. An indented sequence already starts at its `-`, which is
+    /// the first non-blank of its line too; a flow sequence starts at `[`.
+    /// Only mapping values can be indentless, and a block sequence that is a
+    /// mapping value always starts a line of its own (`a: - x` is not YAML),
+    /// unless it follows an explicit `:` indicator, which is not a `-`.
+    fn indentless_dash(&mut self, content: Position) -> Position {
+        let chars = self.chars.get_or_insert_with(|| Chars {
+            chars: self.text.chars().collect(),
+        });
+        if chars.get(content.offset) == Some('[') {
+            return content;
+        }
+        let mut line_start = content.offset;
+        while line_start > 0 && !matches!(chars.get(line_start - 1), Some('\n' | '\r')) {
+            line_start -= 1;
+        }
+        let mut first = line_start;
+        while first < content.offset && matches!(chars.get(first), Some(' ' | '\t')) {
+            first += 1;
+        }
+        let dash = chars.get(first) == Some('-')
+            && matches!(chars.get(first + 1), None | Some(' ' | '\t' | '\n' | '\r'));
+        if dash && first < content.offset && content.column > content.offset - first {
+            Position {
+                line: content.line,
+                column: content.column - (content.offset - first),
+                offset: first,
+            }
+        } else {
+            content
+        }
+    }
+
     fn push_node(&mut self, node: Node) -> NodeId {
         let id = NodeId(u32::try_from(self.nodes.len()).unwrap_or(u32::MAX));
         self.nodes.push(node);
@@ -590,8 +717,9 @@ impl<'t> Builder<'t> {
         span: &Span,
     ) -> bool {
         let has_properties = anchor != 0 || tag.is_some();
-        // An empty scalar has no content to skip to: a tagged one (`a: !!str`)
-        // starts at its tag, not at whatever follows on the next line.
+        // An empty scalar has no content to skip to: a tagged empty string
+        // (`a: !!str`) starts at its tag, not at whatever follows on the next
+        // line. An empty null has no position, tagged (`a: !!null`) or not.
         let empty_text = text.is_empty() && style == ScalarStyle::Plain;
         let mut position = self.content_start(span, has_properties && !empty_text);
         if matches!(style, ScalarStyle::Literal | ScalarStyle::Folded) {
@@ -607,11 +735,7 @@ impl<'t> Builder<'t> {
         let empty = matches!(value, Value::Null) && text.is_empty() && style == ScalarStyle::Plain;
         let id = self.push_node(Node {
             value,
-            position: if empty && tag.is_none() {
-                None
-            } else {
-                Some(position)
-            },
+            position: if empty { None } else { Some(position) },
             expansions: 0,
             height: 0,
         });
@@ -661,7 +785,18 @@ impl<'t> Builder<'t> {
     }
 
     fn open(&mut self, mapping: bool, anchor: usize, tag: Option<&Tag>, span: &Span) -> bool {
-        let position = self.content_start(span, anchor != 0 || tag.is_some());
+        let has_properties = anchor != 0 || tag.is_some();
+        let mut position = self.content_start(span, has_properties);
+        let is_value = matches!(
+            self.stack.last(),
+            Some(Frame::Mapping {
+                pending_key: Some(_),
+                ..
+            })
+        );
+        if !mapping && !has_properties && is_value {
+            position = self.indentless_dash(position);
+        }
         if self.depth() >= MAX_DEPTH {
             self.error(
                 format!("collections are nested deeper than {MAX_DEPTH} levels"),

@@ -195,8 +195,10 @@ impl Declared {
                             .and_then(|n| n.as_integer())
                             .unwrap_or(0);
                         Limits {
-                            // Beyond u64 no count can reach it: saturate (docs/decisions).
-                            calls: u64::try_from(calls.max(0)).unwrap_or(u64::MAX),
+                            // INVARIANT: the schema refused `calls` outside
+                            // 0..=u64::MAX (docs/decisions/0004), so this
+                            // conversion is exact; nothing is saturated here.
+                            calls: u64::try_from(calls).unwrap_or_default(),
                             window_ms: syntax::window_ms(&per)
                                 .and_then(|w| u64::try_from(w).ok())
                                 .unwrap_or(u64::MAX),

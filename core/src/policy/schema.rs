@@ -20,6 +20,10 @@ pub const SCHEMA_JSON: &str = include_str!("schema.json");
 /// The largest window a `per` may denote: 2^53 ms (policy-core §1.6, ours).
 pub const MAX_WINDOW_MS: u128 = 1 << 53;
 
+/// The largest `calls` a ceiling may hold: 2^64 − 1, what a counter holds
+/// (ours, docs/decisions/0004).
+pub const MAX_CALLS: i128 = u64::MAX as i128;
+
 struct Violation {
     path: String,
     keyword: &'static str,
@@ -546,6 +550,19 @@ impl Validator {
                         }
                         if number.is_some_and(|number| number.as_f64() < 0.0) {
                             v.report(p, "minimum", None, "`calls` must be 0 or more");
+                        }
+                        // Ours: a ceiling no 64-bit counter holds is refused
+                        // rather than saturated (docs/decisions/0004).
+                        let integer = number.and_then(|number| number.as_integer());
+                        if integer.is_some_and(|calls| calls > MAX_CALLS) {
+                            v.report(
+                                p,
+                                "maximum",
+                                None,
+                                format!(
+                                    "`calls` must be at most {MAX_CALLS} (2^64 − 1), the most a counter holds"
+                                ),
+                            );
                         }
                     }),
                     ("per", |v, n, p| {

@@ -39,7 +39,7 @@ mod tests {
                     "tool_not_in_catalog".to_owned(),
                     "/upstreams/0/tools/0/name".to_owned()
                 ),
-                ("catalog_tool_unmapped".to_owned(), "/upstreams".to_owned()),
+                ("catalog_tool_unmapped".to_owned(), "/upstreams/0".to_owned()),
             ]
         );
     }
