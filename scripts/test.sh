@@ -150,6 +150,8 @@ fi
 # The reference gateways (gateways/): their toolchains and packages from their lockfiles, then the
 # Python and TypeScript suites and the shared scenario suite, against the capgate the tests above
 # built. Its last line is pytest's summary.
+# The binary the Rust tests ran (`cargo build` alone would rebuild it, and half the dependency tree,
+# with the features of a build without dev-dependencies).
 step "gateways/run-tests.sh"
-cargo build --bin capgate
+[ -x target/debug/capgate ] || die "target/debug/capgate was not built by the tests above"
 CAPGATE_BIN="$PWD/target/debug/capgate" bash gateways/run-tests.sh

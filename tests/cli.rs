@@ -130,11 +130,21 @@ fn validate_the_example_with_its_catalog_warns_twice() {
     assert!(version.starts_with("sha256:") && version.len() == 71);
     let diagnostics = json["diagnostics"].as_array().unwrap();
     assert_eq!(diagnostics.len(), 2);
+    // Each unmapped tool is reported at its own upstream's entry (helpdesk, payments).
+    let sites: Vec<(&Value, &Value)> = diagnostics
+        .iter()
+        .map(|diagnostic| (&diagnostic["path"], &diagnostic["position"]))
+        .collect();
+    assert_eq!(
+        sites,
+        [
+            (&json!("/upstreams/0"), &json!({"line": 24, "column": 5})),
+            (&json!("/upstreams/3"), &json!({"line": 57, "column": 5})),
+        ]
+    );
     for diagnostic in diagnostics {
         assert_eq!(diagnostic["severity"], "warning");
         assert_eq!(diagnostic["code"], "catalog_tool_unmapped");
-        assert_eq!(diagnostic["path"], "/upstreams");
-        assert_eq!(diagnostic["position"], json!({"line": 24, "column": 3}));
         assert_eq!(diagnostic["related"], json!([]));
     }
     insta::assert_snapshot!("validate_example_catalog_json", run.snapshot());
