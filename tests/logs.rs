@@ -21,19 +21,7 @@ fn capgate(args: &[&str]) -> std::process::Output {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_activation_logs_nothing_of_its_version() {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let url = format!("sqlite://{}", dir.path().join("capgate.db").display());
-    let serve = Serve::start_with_env(
-        &[
-            "--database-url",
-            &url,
-            "--policy",
-            "examples/policy.yaml",
-            "--catalog",
-            "examples/catalog.yaml",
-        ],
-        &[("NIGHTLY_RUNNER_KEY", "")],
-    )
-    .await;
+    let serve = Serve::start_example(dir.path()).await;
     let server = format!("http://{}", serve.addr);
     let tighter = dir.path().join("tighter.yaml");
     let example = std::fs::read_to_string("examples/policy.yaml").unwrap();

@@ -20,19 +20,7 @@ fn warnings(logs: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_warning_of_the_example_start_is_explained_in_the_readme() {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let url = format!("sqlite://{}", dir.path().join("capgate.db").display());
-    let serve = Serve::start_with_env(
-        &[
-            "--database-url",
-            &url,
-            "--policy",
-            "examples/policy.yaml",
-            "--catalog",
-            "examples/catalog.yaml",
-        ],
-        &[("NIGHTLY_RUNNER_KEY", "")],
-    )
-    .await;
+    let serve = Serve::start_example(dir.path()).await;
     // The identity provider's keys are fetched in the background: wait for that attempt to be
     // over (it fails at once here: the example's provider does not exist).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

@@ -35,6 +35,24 @@ impl Serve {
 
     /// As [`Serve::start`], with environment variables set for the process
     /// (`CAPGATE_LOG` among them, which is otherwise `info`).
+    /// The README's main command: the example policy and catalog, on an SQLite file in `dir`,
+    /// with the example's static key unset (as on a newcomer's laptop).
+    pub async fn start_example(dir: &std::path::Path) -> Serve {
+        let url = format!("sqlite://{}", dir.join("capgate.db").display());
+        Serve::start_with_env(
+            &[
+                "--database-url",
+                &url,
+                "--policy",
+                "examples/policy.yaml",
+                "--catalog",
+                "examples/catalog.yaml",
+            ],
+            &[("NIGHTLY_RUNNER_KEY", "")],
+        )
+        .await
+    }
+
     pub async fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Serve {
         Serve::launch(Command::new(env!("CARGO_BIN_EXE_capgate")), args, env).await
     }
