@@ -33,8 +33,6 @@ impl Serve {
         Serve::start_with_env(args, &[]).await
     }
 
-    /// As [`Serve::start`], with environment variables set for the process
-    /// (`CAPGATE_LOG` among them, which is otherwise `info`).
     /// The README's main command: the example policy and catalog, on an SQLite file in `dir`,
     /// with the example's static key unset (as on a newcomer's laptop).
     pub async fn start_example(dir: &std::path::Path) -> Serve {
@@ -53,6 +51,8 @@ impl Serve {
         .await
     }
 
+    /// As [`Serve::start`], with environment variables set for the process
+    /// (`CAPGATE_LOG` among them, which is otherwise `info`).
     pub async fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Serve {
         Serve::launch(Command::new(env!("CARGO_BIN_EXE_capgate")), args, env).await
     }
