@@ -665,6 +665,7 @@ async fn audit_queries_filter<S: Store>(store: S) {
         ids(AuditFilter {
             principal_id: Some("alice".to_owned()),
             capability: Some("tickets.read".to_owned()),
+            account_id: None,
             outcome: Some("deny".to_owned()),
             code: Some("limit_exhausted".to_owned()),
             since_ms: Some(4_000),
@@ -681,6 +682,20 @@ async fn audit_queries_filter<S: Store>(store: S) {
         })
         .await,
         [""; 0]
+    );
+    // "Who used the billing account?": the calls that ran as it.
+    let billing = AuditRecord {
+        account_id: Some("billing-svc".to_owned()),
+        ..record(7, 7_000, "bob", "billing.refund", "allow", "granted")
+    };
+    store.append_audit(&[billing], &[]).await.expect("append");
+    assert_eq!(
+        ids(AuditFilter {
+            account_id: Some("billing-svc".to_owned()),
+            ..all(10)
+        })
+        .await,
+        ["d7"]
     );
 }
 

@@ -1,4 +1,4 @@
-//! `capgate audit [--principal P] [--capability C] [--outcome O] [--code X]
+//! `capgate audit [--principal P] [--capability C] [--account A] [--outcome O] [--code X]
 //! [--since T] [--until T] [--limit N] [--json]`: the audit trail, newest
 //! first, read from the store directly (`--database-url`). `--since` is
 //! inclusive, `--until` exclusive; both take what `clock::parse_when` takes
@@ -42,6 +42,9 @@ pub struct Query {
     /// Only this capability.
     #[arg(long, value_name = "C")]
     pub capability: Option<String>,
+    /// Only calls that ran as this execution account ("who used the billing account?").
+    #[arg(long, value_name = "A")]
+    pub account: Option<String>,
     /// Only this outcome.
     #[arg(long, value_name = "O", value_parser = clap::builder::PossibleValuesParser::new(RecordOutcome::ALL.map(RecordOutcome::as_str)))]
     pub outcome: Option<String>,
@@ -85,6 +88,7 @@ fn query(args: &Query) -> Result<Outcome, Failure> {
     let filter = AuditFilter {
         principal_id: args.principal.clone(),
         capability: args.capability.clone(),
+        account_id: args.account.clone(),
         outcome: args.outcome.clone(),
         code: args.code.clone(),
         since_ms: args.since,

@@ -512,6 +512,8 @@ impl Note {
 pub struct AuditFilter {
     pub principal_id: Option<String>,
     pub capability: Option<String>,
+    /// Decisions that ran as this execution account (allows only carry one).
+    pub account_id: Option<String>,
     pub outcome: Option<String>,
     pub code: Option<String>,
     /// Records at or after this instant (inclusive).

@@ -442,6 +442,7 @@ where
     let AuditFilter {
         principal_id,
         capability,
+        account_id,
         outcome,
         code,
         since_ms,
@@ -452,6 +453,7 @@ where
     for (column, value) in [
         ("principal_id", principal_id),
         ("capability", capability),
+        ("account_id", account_id),
         ("outcome", outcome),
         ("code", code),
     ] {
