@@ -202,6 +202,37 @@ def test_a_store_that_does_not_answer_denies_capped_calls_usage_unknown(gateway,
     gateway.stdio_logs.extend([tmp_path / "gateway.stderr", capgate.process.log])
 
 
+def test_capgate_over_tls_is_verified_with_the_ca_file(gateway, tmp_path) -> None:  # noqa: ANN001
+    """capgate serving TLS: with `--ca-file` the gateway verifies it and the call runs; without
+    it the gateway cannot verify capgate and refuses the call (capgate_unavailable), fail closed."""
+    world = gateway.world
+    # The run's own CA signed a 127.0.0.1 certificate for the OIDC fixture; capgate serves it too.
+    tls = ["--tls-cert", str(world.directory / "oidc.crt"), "--tls-key", str(world.directory / "oidc.key")]
+    capgate = start_capgate(
+        tmp_path, world.directory / "policy.yaml", world.directory / "catalog.yaml",
+        env={**world.gateway_env, "SCENARIO_CALLER_API_KEY": world.sentinels["CALLER_API_KEY"]},
+        gateway_token_file=world.gateway_token_file, admin_token_file=world.admin_token_file,
+        oidc_ca=world.oidc.ca_file, name="capgate-tls", extra=tls,
+    )
+    url = capgate.url.replace("http://", "https://", 1)
+    trusting = start_http_gateway(gateway.kind, url, world.gateway_token_file, world.gateway_env,
+                                  tmp_path / "trusting.stderr", extra=["--ca-file", str(world.oidc.ca_file)])
+    blind = start_http_gateway(gateway.kind, url, world.gateway_token_file, world.gateway_env,
+                               tmp_path / "blind.stderr")
+    try:
+        caller = mint_caller(world, "ana")
+        answer = _call(trusting, caller, "probe-env__whoami")
+        refused = _call(blind, caller, "probe-env__whoami")
+    finally:
+        trusting.process.stop()
+        blind.process.stop()
+        capgate.process.stop()
+    gateway.stdio_logs.extend([tmp_path / "trusting.stderr", tmp_path / "blind.stderr", capgate.process.log])
+    assert not isinstance(answer, MCPError), transcript(answer)
+    gateway.transcripts.append(transcript(refused))
+    assert isinstance(refused, MCPError) and refused.data["code"] == "capgate_unavailable", transcript(refused)
+
+
 def test_capgate_hanging_hits_the_decide_timeout(gateway, tmp_path) -> None:  # noqa: ANN001
     """A capgate that accepts and never answers: refused after --decide-timeout, not later."""
     world = gateway.world
