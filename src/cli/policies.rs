@@ -10,7 +10,7 @@ use crate::wire::proto::{
     ActivatePolicyRequest, ActivatePolicyResponse, ListPolicyVersionsRequest, PolicyVersion,
 };
 
-use super::remote::{runtime, status_failure, Server};
+use super::remote::{conflict_or_failure, runtime, status_failure, Server};
 use super::{publish, Exit, Failure, Outcome};
 use crate::clock;
 
@@ -131,24 +131,11 @@ fn activate(
             }))
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|status| {
-                if status.code() == tonic::Code::Aborted {
-                    Ok(status.message().to_owned())
-                } else {
-                    Err(status_failure(&status))
-                }
-            })
+            .map_err(|status| conflict_or_failure(&status))
     });
     let response = match answer {
         Ok(response) => response,
-        Err(Ok(conflict)) => {
-            return Ok(Outcome {
-                stdout: String::new(),
-                stderr: format!("error: {conflict}\n"),
-                exit: Exit::Findings,
-            })
-        }
-        Err(Err(failure)) => return Err(failure),
+        Err(refused) => return refused,
     };
     let ActivatePolicyResponse { version, changes } = response;
     if as_json {

@@ -16,7 +16,7 @@ use crate::wire::proto::{DecisionChange, Diagnostic, PublishPolicyRequest, Publi
 use capgate_core::policy::Document;
 
 use super::input::{Inputs, Source};
-use super::remote::{runtime, status_failure, Server};
+use super::remote::{conflict_or_failure, runtime, Server};
 use super::{diff, json, render, Exit, Failure, Outcome};
 use serde_json::Value;
 
@@ -73,23 +73,12 @@ pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
         client
             .publish_policy(connection.request(request))
             .await
-            .map_err(|status| {
-                if status.code() == tonic::Code::Aborted {
-                    Ok(status.message().to_owned())
-                } else {
-                    Err(status_failure(&status))
-                }
-            })
+            .map_err(|status| conflict_or_failure(&status))
     });
     match answer {
         Ok(response) if args.json => Ok(report_json(&source, args.dry_run, &response.into_inner())),
         Ok(response) => Ok(report(&source, args.dry_run, &response.into_inner())),
-        Err(Ok(conflict)) => Ok(Outcome {
-            stdout: String::new(),
-            stderr: format!("error: {conflict}\n"),
-            exit: Exit::Findings,
-        }),
-        Err(Err(failure)) => Err(failure),
+        Err(refused) => refused,
     }
 }
 

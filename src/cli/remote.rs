@@ -13,7 +13,7 @@ use tonic::{Code, Request, Status};
 
 use crate::store::{self, AnyStore, StoreOptions};
 
-use super::Failure;
+use super::{Exit, Failure, Outcome};
 
 /// The store a command opens, `--database-url` or `CAPGATE_DATABASE_URL`.
 #[derive(Debug, clap::Args)]
@@ -176,6 +176,21 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
 
 /// A call that failed, in one line. The message is the server's; it never
 /// carries a token.
+/// A compare-and-set call's error: `ABORTED` (another change came first) is a finding, printed
+/// as one line and exit 1, as `publish` and `policies activate` both answer it; anything else is
+/// the failure [`status_failure`] makes of it.
+pub fn conflict_or_failure(status: &Status) -> Result<Outcome, Failure> {
+    if status.code() == Code::Aborted {
+        Ok(Outcome {
+            stdout: String::new(),
+            stderr: format!("error: {}\n", status.message()),
+            exit: Exit::Findings,
+        })
+    } else {
+        Err(status_failure(status))
+    }
+}
+
 pub fn status_failure(status: &Status) -> Failure {
     let what = match status.code() {
         Code::Unauthenticated => "not authenticated",

@@ -53,7 +53,6 @@ use capgate_core::capabilities::exposed_name;
 use capgate_core::principals::AuthProblem;
 
 use crate::identity::Presented;
-use crate::service::active::Active;
 use crate::service::auth::Role;
 use crate::service::bounds;
 use crate::service::config::ExtAuthzSettings as Settings;
@@ -743,9 +742,7 @@ fn response(answer: &Answer<'_>, rpc_id: &Value) -> CheckResponse {
                         ReasonCode::LimitExhausted => (
                             HttpCode::TooManyRequests,
                             Code::ResourceExhausted,
-                            retry_after(active, reason.path, decided.resets_at, *at_ms)
-                                .into_iter()
-                                .collect(),
+                            retry_after(decided.resets_at, *at_ms).into_iter().collect(),
                         ),
                         ReasonCode::UsageUnknown => (
                             HttpCode::ServiceUnavailable,
@@ -767,7 +764,7 @@ fn response(answer: &Answer<'_>, rpc_id: &Value) -> CheckResponse {
 /// the ceiling, and what is left of it after this call.
 fn rate_limit(limits: &Limits, standing: Standing, at_ms: i64) -> Vec<HeaderValueOption> {
     let window_s = limits.window_ms.div_ceil(1000);
-    let reset_s = (standing.resets_at - at_ms).max(0).unsigned_abs().div_ceil(1000);
+    let reset_s = seconds_until(standing.resets_at, at_ms);
     vec![
         header(
             "ratelimit-policy",
@@ -780,30 +777,15 @@ fn rate_limit(limits: &Limits, standing: Standing, at_ms: i64) -> Vec<HeaderValu
     ]
 }
 
-/// `Retry-After` for an exhausted ceiling: the seconds until its window ends, or, when the
-/// window's start is not known, the window of the grant the reason points at (an upper bound).
-fn retry_after(
-    active: &Active,
-    pointer: &str,
-    resets_at: Option<i64>,
-    at_ms: i64,
-) -> Option<HeaderValueOption> {
-    if let Some(resets_at) = resets_at {
-        let seconds = (resets_at - at_ms).max(0).unsigned_abs().div_ceil(1000);
-        return Some(header("retry-after", &seconds.max(1).to_string()));
-    }
-    let limits = active
-        .policy
-        .ruleset
-        .grants()
-        .iter()
-        .find(|grant| grant.path == pointer)?
-        .limits
-        .as_ref()?;
-    Some(header(
-        "retry-after",
-        &limits.window_ms.div_ceil(1000).to_string(),
-    ))
+/// Whole seconds from `at_ms` until `instant`, rounded up; 0 once it has passed.
+fn seconds_until(instant: i64, at_ms: i64) -> u64 {
+    (instant - at_ms).max(0).unsigned_abs().div_ceil(1000)
+}
+
+/// `Retry-After` for an exhausted ceiling: the seconds until its full window ends (at least 1).
+/// The pipeline sets `resets_at` on every `limit_exhausted`.
+fn retry_after(resets_at: Option<i64>, at_ms: i64) -> Option<HeaderValueOption> {
+    resets_at.map(|resets_at| header("retry-after", &seconds_until(resets_at, at_ms).max(1).to_string()))
 }
 
 fn denied(

@@ -98,7 +98,8 @@ pub struct Decided<'a> {
     pub standing: Option<Standing>,
     /// On an allow asked for by tool name: the tool and the transport that reaches it.
     pub tool: Option<(&'a ToolDescriptor, Option<&'a Transport>)>,
-    /// On `limit_exhausted`: when the full window ends, the earliest a retry can be allowed.
+    /// On `limit_exhausted` (always set then): when the full window ends, the earliest a retry
+    /// can be allowed.
     pub resets_at: Option<i64>,
 }
 
