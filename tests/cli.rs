@@ -956,7 +956,7 @@ fn the_top_level_help_says_which_commands_need_a_server() {
         .filter_map(|line| line.split_whitespace().next())
         .filter(|name| *name != "help")
         .collect();
-    assert_eq!(commands.len(), 12, "{}", help.stdout);
+    assert_eq!(commands.len(), 13, "{}", help.stdout);
     let group = |heading: &str| -> Vec<String> {
         let mut lines = help.stdout.lines().skip_while(|line| !line.starts_with(heading));
         lines.next().expect("the heading");
@@ -967,7 +967,7 @@ fn the_top_level_help_says_which_commands_need_a_server() {
     let online = group("The decision service:");
     assert_eq!(
         offline,
-        ["validate", "explain", "visible", "who-can", "diff", "schema"]
+        ["validate", "explain", "visible", "who-can", "diff", "test", "schema"]
     );
     for command in &commands {
         let placed = offline
@@ -1135,4 +1135,252 @@ fn odd_bytes_never_crash_the_binary() {
 #[test]
 fn the_test_splitter_reads_quotes() {
     assert_eq!(words("a 'b c'  '' d=''"), ["a", "b c", "", "d="]);
+}
+
+// ── capgate test ────────────────────────────────────────────────────────────
+
+/// The example suite copied into a scratch folder, with `edit` applied to the
+/// test file, so a case can be broken without touching `examples/`.
+fn suite_copy(edit: impl FnOnce(String) -> String) -> tempfile::TempDir {
+    let folder = tempfile::tempdir().expect("a scratch folder");
+    for name in [
+        "policy.yaml",
+        "catalog.yaml",
+        "staff.jwks.json",
+        "policy.capgate-test.yaml",
+    ] {
+        let from = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples")
+            .join(name);
+        std::fs::copy(from, folder.path().join(name)).expect("copy an example");
+    }
+    let suite = folder.path().join("policy.capgate-test.yaml");
+    let text = std::fs::read_to_string(&suite).expect("the suite");
+    std::fs::write(&suite, edit(text)).expect("write the suite");
+    folder
+}
+
+fn capgate_in(folder: &std::path::Path, line: &str) -> Run {
+    let output = Command::new(env!("CARGO_BIN_EXE_capgate"))
+        .args(words(line))
+        .current_dir(folder)
+        .output()
+        .expect("the binary runs");
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+#[test]
+fn the_example_suite_passes_and_covers_the_whole_policy() {
+    let run = capgate("test examples --min-coverage 100");
+    insta::assert_snapshot!("test_examples", run.snapshot());
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    let run = capgate("test examples --min-coverage 100 --json");
+    assert_eq!(run.code, 0);
+    let document = run.json();
+    assert_eq!(document["summary"]["failed"], 0);
+    assert!(document["summary"]["cases"].as_u64().unwrap_or(0) >= 27);
+    assert_eq!(document["coverage"][0]["percent"], 100.0);
+    assert_eq!(document["coverage"][0]["uncovered"], json!([]));
+    // Every kind of case is there, each at its own line of the test file.
+    let cases = document["suites"][0]["cases"].as_array().expect("cases");
+    for kind in ["decide", "visible", "who_can"] {
+        assert!(cases.iter().any(|case| case["kind"] == kind), "no {kind} case");
+    }
+    assert!(cases.iter().all(|case| case["position"]["line"].is_u64()));
+}
+
+#[test]
+fn a_failing_case_says_what_was_expected_what_came_and_where() {
+    let folder = suite_copy(|text| {
+        text.replace(
+            "expect: { decision: deny, reason: limit_exhausted, pointer: /grants/10 }",
+            "expect: { decision: deny, reason: granted, pointer: /grants/10 }",
+        )
+        .replace(
+            "ceiling: { calls: 20, per: 1h } }",
+            "ceiling: { calls: 21, per: 1h } }",
+        )
+        .replace("  nightly: example-nightly-key", "  nightly: another-key")
+    });
+    let run = capgate_in(folder.path(), "test --junit report.xml");
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    insta::assert_snapshot!("test_failures", run.snapshot());
+    // The finance case: its line in the test file, and the grant that decided with its line.
+    assert!(
+        run.stdout
+            .contains("reason: expected granted, got limit_exhausted"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("decided by /grants/10 at policy.yaml:"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("ceiling: expected 21 per 1h, got 20 per 1h"),
+        "{}",
+        run.stdout
+    );
+    // A wrong suite key: the nightly runner no longer authenticates.
+    assert!(run
+        .stdout
+        .contains("FAIL  decide   the nightly runner reads tickets with its key"));
+    let junit = std::fs::read_to_string(folder.path().join("report.xml")).expect("the JUnit report");
+    assert!(junit.starts_with("<?xml"), "{junit}");
+    let failures = junit.matches("<failure ").count();
+    let failed = run.stdout.matches("  FAIL  ").count();
+    assert_eq!(failures, failed, "{junit}");
+    assert!(junit.contains(&format!("failures=\"{failed}\"")), "{junit}");
+    let run = capgate_in(folder.path(), "test --json");
+    let document = run.json();
+    assert_eq!(document["summary"]["exit"], 1);
+    let finance = document["suites"][0]["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|case| case["name"] == "finance refunds are suspended")
+        .expect("the finance case")
+        .clone();
+    assert_eq!(finance["passed"], false);
+    assert_eq!(
+        finance["mismatches"],
+        json!([{"field": "reason", "expected": "granted", "actual": "limit_exhausted"}])
+    );
+    assert_eq!(finance["decided_by"]["pointer"], "/grants/10");
+}
+
+#[test]
+fn filters_select_cases_and_coverage_can_fail_the_run() {
+    let run = capgate("test examples --filter REFUND");
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    let ran = run
+        .stdout
+        .lines()
+        .filter(|line| line.starts_with("  ok "))
+        .count();
+    assert!(ran >= 3, "{}", run.stdout);
+    assert!(run
+        .stdout
+        .lines()
+        .filter(|line| line.starts_with("  ok "))
+        .all(|line| line.contains("refund")));
+    // The refund cases alone leave most of the policy unexercised, and say which parts.
+    assert!(
+        run.stdout
+            .contains("not exercised: grant `/grants/0` at examples/policy.yaml:"),
+        "{}",
+        run.stdout
+    );
+    let run = capgate("test examples --filter refund --min-coverage 90");
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert!(run.stdout.contains("below --min-coverage 90 %"), "{}", run.stdout);
+    let run = capgate("test examples --filter refund --min-coverage 101");
+    assert_eq!(run.code, 2, "{}", run.stderr);
+}
+
+#[test]
+fn a_test_file_that_cannot_be_used_says_where_and_exits_3() {
+    let folder = tempfile::tempdir().expect("a scratch folder");
+    std::fs::write(
+        folder.path().join("policy.yaml"),
+        std::fs::read(POLICY).expect("the example"),
+    )
+    .expect("write");
+    std::fs::write(
+        folder.path().join("bad.capgate-test.yaml"),
+        "policy: policy.yaml\ndecide:\n  - name: typo\n    principal: { issuer: staff, subject: a }\n    capability: docs.page.search\n    expect: { decison: allow }\n  - name: both\n    principal: { issuer: staff, subject: a }\n    capability: docs.page.search\n    tool: knowledge__search_pages\n    expect: { decision: allow }\n",
+    )
+    .expect("write");
+    std::fs::write(
+        folder.path().join("refs.capgate-test.yaml"),
+        "policy: policy.yaml\ndecide:\n  - name: undeclared\n    principal: nobody\n    capability: docs.page.search\n    expect: { decision: allow }\n",
+    )
+    .expect("write");
+    std::fs::write(
+        folder.path().join("missing.capgate-test.yaml"),
+        "policy: absent.yaml\nwho_can:\n  - name: w\n    capability: docs.page.search\n    expect: { declared: true }\n",
+    )
+    .expect("write");
+    let run = capgate_in(folder.path(), "test");
+    insta::assert_snapshot!("test_unusable", run.snapshot());
+    assert_eq!(run.code, 3);
+    assert!(
+        run.stdout
+            .contains("bad.capgate-test.yaml:6:13: unknown member `decison` here"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout
+            .contains("bad.capgate-test.yaml:7:5: a decide case names exactly one of `capability` or `tool`"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout
+            .contains("refs.capgate-test.yaml:4:16: no principal `nobody` is declared"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout
+            .contains("cannot read the policy `absent.yaml`: no such file"),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn a_suite_whose_policy_does_not_compile_fails_with_its_diagnostics() {
+    let folder = suite_copy(|text| text);
+    let policy = folder.path().join("policy.yaml");
+    let text = std::fs::read_to_string(&policy).expect("the policy");
+    std::fs::write(
+        &policy,
+        text.replacen("using: docs-reader", "using: docs-writer", 1),
+    )
+    .expect("write");
+    let run = capgate_in(folder.path(), "test");
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert!(
+        run.stdout.contains("does not compile; no case ran"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("unknown_account_in_grant"), "{}", run.stdout);
+}
+
+#[test]
+fn no_test_file_is_a_usage_error() {
+    let folder = tempfile::tempdir().expect("a scratch folder");
+    let run = capgate_in(folder.path(), "test");
+    assert_eq!(run.code, 2);
+    assert!(
+        run.stderr
+            .contains("no test file (`*.capgate-test.yaml`) under `.`"),
+        "{}",
+        run.stderr
+    );
+    let run = capgate_in(folder.path(), "test --json");
+    assert_eq!(run.json()["error"]["exit"], 2);
+}
+
+#[test]
+fn the_test_schema_is_printed_and_describes_the_example_suite() {
+    let run = capgate("schema --tests");
+    assert_eq!(run.code, 0);
+    let schema = run.json();
+    assert_eq!(schema["$id"], "https://capgate.dev/schemas/policy-test-v1.json");
+    for member in ["policy", "principals", "decide", "visible", "who_can"] {
+        assert!(
+            schema["properties"].get(member).is_some(),
+            "no `{member}` in the schema"
+        );
+    }
+    assert_ne!(capgate("schema").stdout, run.stdout);
 }

@@ -133,7 +133,7 @@ impl Asserted {
 /// A bearer token checked against a local key set: the issuer is the hint,
 /// or the `oidc` issuers whose issuer URL (the discovery URL without
 /// `/.well-known/openid-configuration`) is the token's `iss`.
-fn offline_bearer(
+pub(crate) fn offline_bearer(
     policy: &CompiledPolicy,
     hint: Option<&str>,
     token: &str,

@@ -103,7 +103,7 @@ impl<'a> Inputs<'a> {
 }
 
 /// An I/O error in lowercase prose, without Rust's `(os error N)` suffix.
-fn describe(error: &std::io::Error) -> String {
+pub(crate) fn describe(error: &std::io::Error) -> String {
     use std::io::ErrorKind;
     match error.kind() {
         ErrorKind::NotFound => "no such file".to_owned(),

@@ -26,6 +26,7 @@ pub mod remote;
 mod render;
 mod schema;
 mod serve;
+mod test;
 mod validate;
 mod visible;
 mod who_can;
@@ -45,7 +46,7 @@ use input::Inputs;
     name = "capgate",
     version,
     after_help = "Dry run, from the policy file alone (no server, no network, no credentials):\n  \
-                  validate, explain, visible, who-can, diff, schema\n\
+                  validate, explain, visible, who-can, diff, test, schema\n\
                   The decision service: serve and migrate run it; decide, publish and policies \
                   call a running server; audit reads its store:\n  \
                   serve, migrate, decide, publish, policies, audit",
@@ -70,7 +71,9 @@ enum Command {
     WhoCan(who_can::Args),
     /// Show which decisions change between two versions of a policy.
     Diff(diff::Args),
-    /// Print the policy artifact's JSON Schema.
+    /// Run policy test suites (`*.capgate-test.yaml`): expected decisions, listings, who-can.
+    Test(test::Args),
+    /// Print the policy artifact's JSON Schema (or the test file's, with `--tests`).
     Schema(schema::Args),
     /// Run the gRPC decision service.
     Serve(Box<serve::Args>),
@@ -163,6 +166,7 @@ where
         Command::Visible(args) => visible::run(args, &mut inputs),
         Command::WhoCan(args) => who_can::run(args, &mut inputs),
         Command::Diff(args) => diff::run(args, &mut inputs),
+        Command::Test(args) => test::run(args, &mut inputs),
         Command::Schema(args) => Ok(schema::run(args)),
         Command::Serve(args) => serve::run(args, &mut inputs),
         Command::Migrate(args) => migrate::run(args),
@@ -195,6 +199,7 @@ impl Command {
             Command::Visible(args) => args.common.json,
             Command::WhoCan(args) => args.common.json,
             Command::Diff(args) => args.common.json,
+            Command::Test(args) => args.json,
             Command::Decide(args) => args.json,
             Command::Publish(args) => args.json,
             Command::Policies(args) => match &args.command {
