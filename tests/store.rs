@@ -413,7 +413,7 @@ async fn counters_are_listed_and_reset_on_record<S: Store>(store: S) {
     };
     assert_eq!(
         store.usage_resets("staff:ana", None, 10).await.expect("resets"),
-        [reset.clone()]
+        [reset]
     );
     assert_eq!(
         store

@@ -52,7 +52,8 @@ use input::Inputs;
                   call a running server; audit and usage read its store (usage reset calls the \
                   server):\n  \
                   serve, migrate, decide, publish, policies, audit, usage\n\
-                  The shell: completions",
+                  The shell:\n  \
+                  completions",
     color = clap::ColorChoice::Never,
     arg_required_else_help = false,
     subcommand_required = true
