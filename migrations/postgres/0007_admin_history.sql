@@ -1,8 +1,8 @@
 -- Who changed what the service decides with, and when: every activation of a policy version (a
 -- publish that stored and activated one, or an `ActivatePolicy`, a rollback or a roll-forward), and
 -- every usage counter an admin reset. Written in the transaction that made the change, so a change
--- without its row cannot commit; never updated. `actor` is the admin token's name (`startup` for
--- `serve --policy`, `loopback` without tokens). `from_revision` is NULL when nothing was active.
+-- without its row cannot commit; never updated. `actor` is the admin token's name (`serve --policy` for
+-- the file published at start-up, `loopback` without tokens). `from_revision` is NULL when nothing was active.
 CREATE TABLE policy_activations (
     id            BIGSERIAL PRIMARY KEY,
     at            BIGINT NOT NULL,

@@ -629,7 +629,7 @@ pub struct AuditGroup {
     pub last_at_ms: i64,
 }
 
-/// Who made an admin change, and when: the admin token's name (`startup` for `serve --policy`,
+/// Who made an admin change, and when: the admin token's name (`serve --policy` for the file published at start-up,
 /// `loopback` on a server without tokens) and the instant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Actor {
