@@ -956,7 +956,7 @@ fn the_top_level_help_says_which_commands_need_a_server() {
         .filter_map(|line| line.split_whitespace().next())
         .filter(|name| *name != "help")
         .collect();
-    assert_eq!(commands.len(), 13, "{}", help.stdout);
+    assert_eq!(commands.len(), 15, "{}", help.stdout);
     let group = |heading: &str| -> Vec<String> {
         let mut lines = help.stdout.lines().skip_while(|line| !line.starts_with(heading));
         lines.next().expect("the heading");
@@ -965,6 +965,7 @@ fn the_top_level_help_says_which_commands_need_a_server() {
     };
     let offline = group("Dry run, from the policy file alone");
     let online = group("The decision service:");
+    let shell = group("The shell:");
     assert_eq!(
         offline,
         ["validate", "explain", "visible", "who-can", "diff", "test", "schema"]
@@ -973,6 +974,7 @@ fn the_top_level_help_says_which_commands_need_a_server() {
         let placed = offline
             .iter()
             .chain(&online)
+            .chain(&shell)
             .filter(|name| name == command)
             .count();
         assert_eq!(
@@ -981,7 +983,7 @@ fn the_top_level_help_says_which_commands_need_a_server() {
             help.stdout
         );
     }
-    assert_eq!(offline.len() + online.len(), commands.len());
+    assert_eq!(offline.len() + online.len() + shell.len(), commands.len());
 }
 
 /// No command's help shows an empty default or an empty environment value, or names a key the
@@ -989,8 +991,20 @@ fn the_top_level_help_says_which_commands_need_a_server() {
 #[test]
 fn help_texts_show_no_empty_values_and_no_wrong_keys() {
     for command in [
-        "validate", "explain", "visible", "who-can", "diff", "schema", "serve", "migrate", "decide",
-        "publish", "policies", "audit",
+        "validate",
+        "explain",
+        "visible",
+        "who-can",
+        "diff",
+        "schema",
+        "serve",
+        "migrate",
+        "decide",
+        "publish",
+        "policies",
+        "audit",
+        "usage",
+        "completions",
     ] {
         let help = capgate(&format!("{command} --help"));
         assert_eq!(help.code, 0, "{command}");

@@ -137,8 +137,42 @@ impl Store for Flaky {
         &self,
         revision: u64,
         expected: ExpectedRevision,
+        by: &store::Actor,
     ) -> impl Future<Output = StoreResult<ActivateOutcome>> + Send {
-        self.inner.activate(revision, expected)
+        self.inner.activate(revision, expected, by)
+    }
+    fn activations(&self, limit: u32) -> impl Future<Output = StoreResult<Vec<store::Activation>>> + Send {
+        self.inner.activations(limit)
+    }
+    fn counters(
+        &self,
+        principal_id: &str,
+        capability: Option<&str>,
+        limit: u32,
+    ) -> impl Future<Output = StoreResult<Vec<store::StoredCounter>>> + Send {
+        self.inner.counters(principal_id, capability, limit)
+    }
+    fn reset_usage(
+        &self,
+        key: CounterKey<'_>,
+        by: &store::Actor,
+    ) -> impl Future<Output = StoreResult<Option<CounterReading>>> + Send {
+        self.inner.reset_usage(key, by)
+    }
+    fn usage_resets(
+        &self,
+        principal_id: &str,
+        capability: Option<&str>,
+        limit: u32,
+    ) -> impl Future<Output = StoreResult<Vec<store::UsageReset>>> + Send {
+        self.inner.usage_resets(principal_id, capability, limit)
+    }
+    fn audit_groups(
+        &self,
+        filter: &AuditFilter,
+        keys: &[store::GroupKey],
+    ) -> impl Future<Output = StoreResult<Vec<store::AuditGroup>>> + Send {
+        self.inner.audit_groups(filter, keys)
     }
     fn policy(&self, revision: u64) -> impl Future<Output = StoreResult<Option<StoredPolicy>>> + Send {
         self.inner.policy(revision)

@@ -27,9 +27,10 @@ use std::time::Duration;
 
 use capgate::store::retention::{self, Period};
 use capgate::store::{
-    connect, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Claim, Consumed, CounterKey,
-    CounterReading, Door, NewPolicy, PostgresStore, PrunedPeriod, PublishOutcome, RecordCode, RecordKind,
-    RecordOutcome, Remembered, SqliteStore, Store, StoreError, StoreOptions, StoredPolicy,
+    connect, ActivateOutcome, Activation, ActivationKind, Actor, AnyStore, AuditCursor, AuditFilter,
+    AuditGroup, AuditRecord, Claim, Consumed, CounterKey, CounterReading, Door, GroupKey, NewPolicy,
+    PostgresStore, PrunedPeriod, PublishOutcome, RecordCode, RecordKind, RecordOutcome, Remembered,
+    SqliteStore, Store, StoreError, StoreOptions, StoredCounter, StoredPolicy, UsageReset,
 };
 use capgate_core::access::ReasonCode;
 use capgate_core::principals::AuthProblem;
@@ -102,6 +103,10 @@ suite! {
         publish_compares_and_sets,
         versions_list_newest_first,
         activating_rolls_back,
+        every_activation_is_recorded_with_its_actor,
+        counters_are_listed_and_reset_on_record,
+        audit_groups_are_counted_by_the_store,
+        a_follow_reads_forward_from_its_cursor,
         first_call_opens_a_window,
         calls_stop_at_the_ceiling,
         an_expired_window_restarts,
@@ -237,31 +242,31 @@ async fn activating_rolls_back<S: Store>(store: S) {
     let second = activated(store.publish(policy(2), None).await.expect("publish"));
 
     assert_eq!(
-        store.activate(1, Some(2)).await.expect("activate"),
+        store.activate(1, Some(2), &admin()).await.expect("activate"),
         ActivateOutcome::Activated(first.clone())
     );
     assert_eq!(store.active_policy().await.expect("active"), Some(first.clone()));
     // Already active: answered, whatever the expectation.
     assert_eq!(
-        store.activate(1, Some(5)).await.expect("activate"),
+        store.activate(1, Some(5), &admin()).await.expect("activate"),
         ActivateOutcome::Activated(first.clone())
     );
     assert_eq!(
-        store.activate(2, Some(2)).await.expect("activate"),
+        store.activate(2, Some(2), &admin()).await.expect("activate"),
         ActivateOutcome::Conflict { active: Some(1) }
     );
     assert_eq!(
-        store.activate(99, None).await.expect("activate"),
+        store.activate(99, None, &admin()).await.expect("activate"),
         ActivateOutcome::NotFound
     );
     assert_eq!(
-        store.activate(u64::MAX, None).await.expect("activate"),
+        store.activate(u64::MAX, None, &admin()).await.expect("activate"),
         ActivateOutcome::NotFound
     );
     assert_eq!(store.active_policy().await.expect("active"), Some(first));
 
     assert_eq!(
-        store.activate(2, None).await.expect("activate"),
+        store.activate(2, None, &admin()).await.expect("activate"),
         ActivateOutcome::Activated(second.clone())
     );
     assert_eq!(store.active_policy().await.expect("active"), Some(second));
@@ -297,6 +302,335 @@ async fn concurrent_publishes_one_wins<S: Store>(store: S, replica: S) {
         active = winners[0];
     }
     assert_eq!(store.list_policies(100).await.expect("list").len(), 10);
+}
+
+/// Each change of the active version leaves one row, written with it: a publish under its
+/// author, an activation under the actor it was given; a no-op or a refusal leaves none.
+async fn every_activation_is_recorded_with_its_actor<S: Store>(store: S) {
+    store.publish(policy(1), None).await.expect("publish");
+    store.publish(policy(2), None).await.expect("publish");
+    // Unchanged, conflicting, already active, not found: nothing changed, nothing is recorded.
+    store.publish(policy(2), None).await.expect("unchanged");
+    store.publish(policy(3), Some(9)).await.expect("conflict");
+    store.activate(2, None, &admin()).await.expect("already active");
+    store.activate(99, None, &admin()).await.expect("not found");
+    store.activate(1, None, &admin()).await.expect("rollback");
+    let expected = [
+        Activation {
+            at_ms: admin().at_ms,
+            actor: "ops-admin".to_owned(),
+            kind: ActivationKind::Rollback,
+            from_revision: Some(2),
+            to_revision: 1,
+        },
+        Activation {
+            at_ms: policy(2).created_at_ms,
+            actor: "alice".to_owned(),
+            kind: ActivationKind::Publish,
+            from_revision: Some(1),
+            to_revision: 2,
+        },
+        Activation {
+            at_ms: policy(1).created_at_ms,
+            actor: "alice".to_owned(),
+            kind: ActivationKind::Publish,
+            from_revision: None,
+            to_revision: 1,
+        },
+    ];
+    assert_eq!(store.activations(10).await.expect("history"), expected);
+    assert_eq!(store.activations(1).await.expect("history"), expected[..1]);
+}
+
+/// A principal's counters are read by capability; a reset removes one and records who did and
+/// what it read, and the next call opens a fresh window.
+async fn counters_are_listed_and_reset_on_record<S: Store>(store: S) {
+    let read = CounterKey {
+        principal_id: "staff:ana",
+        capability: "tickets.read",
+    };
+    let write = CounterKey {
+        capability: "tickets.write",
+        ..read
+    };
+    let other = CounterKey {
+        principal_id: "staff:bo",
+        ..read
+    };
+    for _ in 0..3 {
+        taken(&store, read, 1_000, 10).await;
+    }
+    taken(&store, write, 2_000, 10).await;
+    taken(&store, other, 2_000, 10).await;
+    let counter = |key: CounterKey<'_>, reading| StoredCounter {
+        principal_id: key.principal_id.to_owned(),
+        capability: key.capability.to_owned(),
+        reading,
+    };
+    assert_eq!(
+        store.counters("staff:ana", None, 10).await.expect("counters"),
+        [
+            counter(read, counted(3, 1_000)),
+            counter(write, counted(1, 2_000))
+        ]
+    );
+    assert_eq!(
+        store
+            .counters("staff:ana", Some("tickets.write"), 10)
+            .await
+            .expect("counters"),
+        [counter(write, counted(1, 2_000))]
+    );
+    assert_eq!(
+        store
+            .counters("staff:ana", None, 1)
+            .await
+            .expect("counters")
+            .len(),
+        1
+    );
+    assert_eq!(
+        store.reset_usage(read, &admin()).await.expect("reset"),
+        Some(counted(3, 1_000))
+    );
+    // Nothing to reset: nothing is recorded.
+    assert_eq!(store.reset_usage(read, &admin()).await.expect("reset"), None);
+    assert_eq!(
+        store.counters("staff:ana", None, 10).await.expect("counters"),
+        [counter(write, counted(1, 2_000))]
+    );
+    assert_eq!(
+        store.counters("staff:bo", None, 10).await.expect("counters"),
+        [counter(other, counted(1, 2_000))],
+        "another principal's counter is untouched"
+    );
+    let reset = UsageReset {
+        at_ms: admin().at_ms,
+        actor: "ops-admin".to_owned(),
+        principal_id: "staff:ana".to_owned(),
+        capability: "tickets.read".to_owned(),
+        reading: counted(3, 1_000),
+    };
+    assert_eq!(
+        store.usage_resets("staff:ana", None, 10).await.expect("resets"),
+        [reset]
+    );
+    assert_eq!(
+        store
+            .usage_resets("staff:ana", Some("tickets.write"), 10)
+            .await
+            .expect("resets"),
+        []
+    );
+    // The window the reset forgave is gone: the next call opens one at its own instant.
+    assert_eq!(taken(&store, read, 1_500, 10).await, counted(1, 1_500));
+}
+
+/// `GROUP BY` in the store: counts, first and last instants, most records first, then by the
+/// values with an empty one last; the filter applies before the grouping, the limit to groups.
+async fn audit_groups_are_counted_by_the_store<S: Store>(store: S) {
+    let with = |record: AuditRecord, account: Option<&str>, path: &str| AuditRecord {
+        account_id: account.map(str::to_owned),
+        path: Some(path.to_owned()),
+        ..record
+    };
+    let records = vec![
+        with(
+            record(1, 1_000, "staff:ana", "billing.refund", "allow", "granted"),
+            Some("billing"),
+            "/grants/0",
+        ),
+        with(
+            record(2, 2_000, "staff:ana", "billing.refund", "allow", "granted"),
+            Some("billing"),
+            "/grants/0",
+        ),
+        with(
+            record(3, 3_000, "staff:bo", "billing.refund", "allow", "granted"),
+            Some("billing"),
+            "/grants/1",
+        ),
+        with(
+            record(4, 4_000, "staff:bo", "billing.read", "allow", "granted"),
+            Some("billing"),
+            "/grants/2",
+        ),
+        with(
+            record(5, 5_000, "staff:cy", "billing.refund", "deny", "no_grant_matches"),
+            None,
+            "/capabilities/0",
+        ),
+        // Upper case sorts before lower case bytewise, whatever the database's collation.
+        with(
+            record(6, 6_000, "Staff:Dee", "billing.read", "allow", "granted"),
+            Some("billing"),
+            "/grants/2",
+        ),
+    ];
+    store.append_audit(&records, &[]).await.expect("append");
+    let group = |values: &[Option<&str>], records: u64, first: i64, last: i64| AuditGroup {
+        values: values.iter().map(|value| value.map(str::to_owned)).collect(),
+        records,
+        first_at_ms: first,
+        last_at_ms: last,
+    };
+    let billing = AuditFilter {
+        account_id: Some("billing".to_owned()),
+        ..all(10)
+    };
+    assert_eq!(
+        store
+            .audit_groups(&billing, &[GroupKey::Principal, GroupKey::Path])
+            .await
+            .expect("groups"),
+        [
+            group(&[Some("staff:ana"), Some("/grants/0")], 2, 1_000, 2_000),
+            group(&[Some("Staff:Dee"), Some("/grants/2")], 1, 6_000, 6_000),
+            group(&[Some("staff:bo"), Some("/grants/1")], 1, 3_000, 3_000),
+            group(&[Some("staff:bo"), Some("/grants/2")], 1, 4_000, 4_000),
+        ]
+    );
+    // An empty value (a denial has no account) is a group of its own, last among equals.
+    assert_eq!(
+        store
+            .audit_groups(
+                &AuditFilter {
+                    capability: Some("billing.refund".to_owned()),
+                    ..all(10)
+                },
+                &[GroupKey::Account],
+            )
+            .await
+            .expect("groups"),
+        [
+            group(&[Some("billing")], 3, 1_000, 3_000),
+            group(&[None], 1, 5_000, 5_000)
+        ]
+    );
+    assert_eq!(
+        store
+            .audit_groups(
+                &AuditFilter {
+                    since_ms: Some(2_000),
+                    until_ms: Some(5_000),
+                    ..all(1)
+                },
+                &[GroupKey::Outcome]
+            )
+            .await
+            .expect("groups"),
+        [group(&[Some("allow")], 3, 2_000, 4_000)]
+    );
+    assert_eq!(
+        store
+            .audit_groups(
+                &AuditFilter {
+                    principal_id: Some("nobody".to_owned()),
+                    ..all(10)
+                },
+                &[GroupKey::Code]
+            )
+            .await
+            .expect("groups"),
+        []
+    );
+}
+
+/// The new filters, and reading forward from a cursor: oldest first, strictly after it in
+/// (`at`, `decision_id`) order, so records at the cursor's instant with a later id still come.
+async fn a_follow_reads_forward_from_its_cursor<S: Store>(store: S) {
+    let mut records = vec![
+        record(1, 1_000, "staff:ana", "tickets.read", "allow", "granted"),
+        record(2, 2_000, "staff:ana", "tickets.read", "allow", "granted"),
+        record(3, 2_000, "staff:bo", "tickets.read", "allow", "granted"),
+        record(4, 3_000, "staff:bo", "tickets.read", "allow", "granted"),
+    ];
+    records[1].tool = Some("helpdesk__get_ticket".to_owned());
+    records[2].gateway = "other".to_owned();
+    records[2].request_id = Some("req-7".to_owned());
+    records[3].kind = RecordKind::List;
+    store.append_audit(&records, &[]).await.expect("append");
+    let ids = |filter: AuditFilter| {
+        let store = store.clone();
+        async move {
+            store
+                .query_audit(&filter)
+                .await
+                .expect("query")
+                .into_iter()
+                .map(|record| record.decision_id)
+                .collect::<Vec<_>>()
+        }
+    };
+    let forward = |at_ms: i64, id: &str| AuditFilter {
+        after: Some(AuditCursor {
+            at_ms,
+            decision_id: id.to_owned(),
+        }),
+        oldest_first: true,
+        ..all(10)
+    };
+    assert_eq!(ids(forward(1_000, "d1")).await, ["d2", "d3", "d4"]);
+    assert_eq!(ids(forward(2_000, "d2")).await, ["d3", "d4"]);
+    assert_eq!(ids(forward(2_000, "d3")).await, ["d4"]);
+    assert_eq!(ids(forward(3_000, "d4")).await, [""; 0]);
+    assert_eq!(
+        ids(AuditFilter {
+            oldest_first: true,
+            ..all(2)
+        })
+        .await,
+        ["d1", "d2"]
+    );
+    let only = |filter: AuditFilter| ids(filter);
+    assert_eq!(
+        only(AuditFilter {
+            tool: Some("helpdesk__get_ticket".to_owned()),
+            ..all(10)
+        })
+        .await,
+        ["d2"]
+    );
+    assert_eq!(
+        only(AuditFilter {
+            gateway: Some("other".to_owned()),
+            ..all(10)
+        })
+        .await,
+        ["d3"]
+    );
+    assert_eq!(
+        only(AuditFilter {
+            request_id: Some("req-7".to_owned()),
+            ..all(10)
+        })
+        .await,
+        ["d3"]
+    );
+    assert_eq!(
+        only(AuditFilter {
+            kind: Some("list".to_owned()),
+            ..all(10)
+        })
+        .await,
+        ["d4"]
+    );
+    assert_eq!(
+        only(AuditFilter {
+            decision_id: Some("d1".to_owned()),
+            ..all(10)
+        })
+        .await,
+        ["d1"]
+    );
+    assert_eq!(
+        only(AuditFilter {
+            gateway: Some("edge".to_owned()),
+            ..forward(1_000, "d1")
+        })
+        .await,
+        ["d2", "d4"]
+    );
 }
 
 // ── Usage counters ────────────────────────────────────────────────────────
@@ -671,6 +1005,7 @@ async fn audit_queries_filter<S: Store>(store: S) {
             since_ms: Some(4_000),
             until_ms: Some(4_001),
             limit: 10,
+            ..all(10)
         })
         .await,
         ["d5"]
@@ -1185,7 +1520,7 @@ mod postgres_only {
             store.publish(policy(1), None).await.expect("publish");
             expect_notified(&replica).await;
             store.publish(policy(2), None).await.expect("publish");
-            store.activate(1, None).await.expect("activate");
+            store.activate(1, None, &admin()).await.expect("activate");
             // Both are kept while nobody waits.
             expect_notified(&replica).await;
             expect_notified(&replica).await;
@@ -1194,8 +1529,8 @@ mod postgres_only {
             // Nothing is announced when nothing changed.
             store.publish(policy(1), None).await.expect("unchanged");
             store.publish(policy(3), Some(9)).await.expect("conflict");
-            store.activate(1, None).await.expect("already active");
-            store.activate(99, None).await.expect("not found");
+            store.activate(1, None, &admin()).await.expect("already active");
+            store.activate(99, None, &admin()).await.expect("not found");
             expect_quiet(&replica).await;
         })
         .await;
@@ -1832,6 +2167,14 @@ async fn taken<S: Store>(store: &S, key: CounterKey<'_>, at_ms: i64, limit: u64)
     {
         Consumed::Taken(counted) => counted,
         Consumed::Refused => panic!("refused at {at_ms} with a ceiling of {limit}"),
+    }
+}
+
+/// The admin who activates in these tests.
+fn admin() -> Actor {
+    Actor {
+        name: "ops-admin".to_owned(),
+        at_ms: 1_700_000_100_000,
     }
 }
 

@@ -185,13 +185,16 @@ async fn call_raw(channel: &Channel, path: &'static str, message: Vec<u8>) -> Re
 const DECIDE: &str = "/capgate.v1.DecisionService/Decide";
 
 /// Every capgate RPC.
-const RPCS: [&str; 6] = [
+const RPCS: [&str; 9] = [
     DECIDE,
     "/capgate.v1.DecisionService/ListVisible",
     "/capgate.v1.PolicyService/PublishPolicy",
     "/capgate.v1.PolicyService/GetActivePolicy",
     "/capgate.v1.PolicyService/ListPolicyVersions",
     "/capgate.v1.PolicyService/ActivatePolicy",
+    "/capgate.v1.PolicyService/GetPolicyVersion",
+    "/capgate.v1.PolicyService/ListPolicyActivations",
+    "/capgate.v1.PolicyService/ResetUsage",
 ];
 
 /// `DecideRequest` bytes that are not valid protobuf, each with what the message must name.

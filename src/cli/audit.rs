@@ -1,20 +1,30 @@
-//! `capgate audit [--principal P] [--capability C] [--account A] [--outcome O] [--code X]
-//! [--since T] [--until T] [--limit N] [--json]`: the audit trail, newest
-//! first, read from the store directly (`--database-url`). `--since` is
-//! inclusive, `--until` exclusive; both take what `clock::parse_when` takes
-//! (an instant, a date, `today`, `yesterday`, `1h`, `7d`), and `--since` must
-//! come first. `--json` prints an array of records with the table's columns.
+//! `capgate audit [FILTERS] [--since T] [--until T] [--limit N] [--json]`: the audit trail,
+//! newest first, read from the store directly (`--database-url`). The filters are equalities on
+//! the record's columns (principal, capability, account, outcome, code, tool, gateway, kind,
+//! decision id, request id). `--since` is inclusive, `--until` exclusive; both take what
+//! `clock::parse_when` takes (an instant, a date, `today`, `yesterday`, `1h`, `7d`), and
+//! `--since` must come first. `--json` prints an array of records with the table's columns.
+//!
+//! Two other shapes of the same query: `--group-by KEYS` counts the matching records per value
+//! of some columns, in the database (`groups.rs`); `--follow` keeps printing the records that
+//! arrive (`follow.rs`).
 //!
 //! `capgate audit prune --before T` removes whole months of it (`prune.rs`);
 //! the filters belong to the query and cannot be combined with it.
 
+mod follow;
+mod groups;
 pub mod prune;
+
+use std::time::Duration;
 
 use std::fmt::Write as _;
 
-use crate::store::{AuditFilter, AuditRecord, DecisionNote, Door, RecordOutcome, Store};
+use crate::store::{
+    AuditFilter, AuditRecord, DecisionNote, Door, GroupKey, RecordKind, RecordOutcome, Store,
+};
 
-use super::remote::{runtime, Database};
+use super::remote::{parse_duration, runtime, Database};
 use super::{Exit, Failure, Outcome};
 use crate::clock;
 
@@ -58,10 +68,39 @@ pub struct Query {
     /// Before this instant (exclusive), in the same forms as `--since`.
     #[arg(long, value_name = "T", value_parser = clock::parse_when)]
     pub until: Option<i64>,
-    /// At most this many records.
+    /// Only calls of this exposed tool (`helpdesk__get_ticket`).
+    #[arg(long, value_name = "TOOL")]
+    pub tool: Option<String>,
+    /// Only records written for this gateway: its token's name, or `loopback`.
+    #[arg(long, value_name = "G")]
+    pub gateway: Option<String>,
+    /// Only decisions about calls (`decide`) or only listings (`list`).
+    #[arg(long, value_name = "K", value_parser = clap::builder::PossibleValuesParser::new(RecordKind::ALL.map(RecordKind::as_str)))]
+    pub kind: Option<String>,
+    /// Only the record of this decision (the id a gateway was answered with).
+    #[arg(long, value_name = "ID")]
+    pub decision_id: Option<String>,
+    /// Only the records of this request id (as the gateway sent it; add `--gateway` for one
+    /// gateway's).
+    #[arg(long, value_name = "ID")]
+    pub request_id: Option<String>,
+    /// Count the matching records per value of these columns, comma-separated: principal,
+    /// capability, account, code, tool, gateway, outcome, kind, path (or rule: the grant's
+    /// pointer). Most records first; `--limit` bounds the groups.
+    #[arg(long, value_name = "KEYS", value_delimiter = ',', value_parser = parse_group_key, conflicts_with = "follow")]
+    pub group_by: Vec<GroupKey>,
+    /// Keep printing matching records as they reach the store, oldest first, polling it every
+    /// second, until interrupted. The last `--limit` records come first, oldest first too.
+    #[arg(long)]
+    pub follow: bool,
+    /// Stop following after this long (for tests and scripts).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "follow", hide = true)]
+    pub follow_for: Option<Duration>,
+    /// At most this many records (or groups, with `--group-by`).
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub limit: u32,
-    /// Print a JSON array instead of one line per record.
+    /// Print a JSON array instead of one line per record (with `--follow`, one JSON object per
+    /// line).
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
@@ -93,8 +132,21 @@ fn query(args: &Query) -> Result<Outcome, Failure> {
         code: args.code.clone(),
         since_ms: args.since,
         until_ms: args.until,
+        tool: args.tool.clone(),
+        gateway: args.gateway.clone(),
+        kind: args.kind.clone(),
+        decision_id: args.decision_id.clone(),
+        request_id: args.request_id.clone(),
+        after: None,
+        oldest_first: false,
         limit: args.limit,
     };
+    if !args.group_by.is_empty() {
+        return groups::run(args, &filter);
+    }
+    if args.follow {
+        return follow::run(args, filter);
+    }
     let (records, notes) = runtime()?.block_on(async {
         let store = args.database.open_existing().await?;
         let records = store
@@ -140,6 +192,14 @@ fn notes_of<'a>(notes: &'a [DecisionNote], decision_id: &'a str) -> impl Iterato
     notes.iter().filter(move |note| note.decision_id == decision_id)
 }
 
+/// `--group-by`'s keys, as `GroupKey::parse` reads them.
+fn parse_group_key(text: &str) -> Result<GroupKey, String> {
+    GroupKey::parse(text).ok_or_else(|| {
+        let known: Vec<&str> = GroupKey::ALL.iter().map(|key| key.as_str()).collect();
+        format!("expected one of {}, or rule", known.join(", "))
+    })
+}
+
 fn human(records: &[AuditRecord], notes: &[DecisionNote]) -> String {
     let mut out = String::new();
     if records.is_empty() {
@@ -147,79 +207,8 @@ fn human(records: &[AuditRecord], notes: &[DecisionNote]) -> String {
         return out;
     }
     for record in records {
-        let AuditRecord {
-            decision_id,
-            at_ms,
-            request_id,
-            gateway,
-            kind,
-            outcome,
-            code,
-            path,
-            principal_id,
-            issuer,
-            subject,
-            capability,
-            tool,
-            account_id,
-            limit_calls,
-            limit_per,
-            usage_calls,
-            policy_version: _,
-            policy_revision,
-            visible_count,
-            visible,
-            door,
-        } = record;
-        let who = principal_id.clone().unwrap_or_else(|| {
-            format!(
-                "{}:{}",
-                issuer.as_deref().unwrap_or("?"),
-                subject.as_deref().unwrap_or("?")
-            )
-        });
-        let mut line = format!(
-            "{}  {kind:6}  {outcome:15}  {:24}  {who}  {}",
-            clock::format(*at_ms),
-            code.as_ref().map_or("-", |code| code.as_str()),
-            capability.as_deref().unwrap_or("-"),
-        );
-        if let Some(tool) = tool {
-            let _ = write!(line, "  tool={tool}");
-        }
-        if let Some(account) = account_id {
-            let _ = write!(line, "  account={account}");
-        }
-        if let (Some(calls), Some(per)) = (limit_calls, limit_per) {
-            let _ = write!(line, "  limit={calls}/{per}");
-        }
-        if let Some(used) = usage_calls {
-            let _ = write!(line, "  used={used}");
-        }
-        if let Some(path) = path {
-            let _ = write!(line, "  at={path}");
-        }
-        if let Some(count) = visible_count {
-            // A listing: how many capabilities it showed, and the ones its record holds.
-            let _ = write!(line, "  visible={count}({}", visible.join(","));
-            let unrecorded = count.saturating_sub(visible.len() as u64);
-            if unrecorded > 0 {
-                let _ = write!(line, ",+{unrecorded} more");
-            }
-            line.push(')');
-        }
-        if let Some(revision) = policy_revision {
-            let _ = write!(line, "  rev={revision}");
-        }
-        let _ = write!(line, "  gateway={gateway}");
-        if *door != Door::Capgate {
-            let _ = write!(line, "  door={}", door.as_str());
-        }
-        if let Some(request) = request_id {
-            let _ = write!(line, "  request={request}");
-        }
-        let _ = writeln!(out, "{line}  id={decision_id}");
-        for note in notes_of(notes, decision_id) {
+        let _ = writeln!(out, "{}", line(record));
+        for note in notes_of(notes, &record.decision_id) {
             let _ = writeln!(
                 out,
                 "    noted {}  {}  by {}: {}",
@@ -231,4 +220,81 @@ fn human(records: &[AuditRecord], notes: &[DecisionNote]) -> String {
         }
     }
     out
+}
+
+/// One record as one line, its decision id last.
+fn line(record: &AuditRecord) -> String {
+    let AuditRecord {
+        decision_id,
+        at_ms,
+        request_id,
+        gateway,
+        kind,
+        outcome,
+        code,
+        path,
+        principal_id,
+        issuer,
+        subject,
+        capability,
+        tool,
+        account_id,
+        limit_calls,
+        limit_per,
+        usage_calls,
+        policy_version: _,
+        policy_revision,
+        visible_count,
+        visible,
+        door,
+    } = record;
+    let who = principal_id.clone().unwrap_or_else(|| {
+        format!(
+            "{}:{}",
+            issuer.as_deref().unwrap_or("?"),
+            subject.as_deref().unwrap_or("?")
+        )
+    });
+    let mut line = format!(
+        "{}  {kind:6}  {outcome:15}  {:24}  {who}  {}",
+        clock::format(*at_ms),
+        code.as_ref().map_or("-", |code| code.as_str()),
+        capability.as_deref().unwrap_or("-"),
+    );
+    if let Some(tool) = tool {
+        let _ = write!(line, "  tool={tool}");
+    }
+    if let Some(account) = account_id {
+        let _ = write!(line, "  account={account}");
+    }
+    if let (Some(calls), Some(per)) = (limit_calls, limit_per) {
+        let _ = write!(line, "  limit={calls}/{per}");
+    }
+    if let Some(used) = usage_calls {
+        let _ = write!(line, "  used={used}");
+    }
+    if let Some(path) = path {
+        let _ = write!(line, "  at={path}");
+    }
+    if let Some(count) = visible_count {
+        // A listing: how many capabilities it showed, and the ones its record holds.
+        let _ = write!(line, "  visible={count}({}", visible.join(","));
+        let unrecorded = count.saturating_sub(visible.len() as u64);
+        if unrecorded > 0 {
+            let _ = write!(line, ",+{unrecorded} more");
+        }
+        line.push(')');
+    }
+    if let Some(revision) = policy_revision {
+        let _ = write!(line, "  rev={revision}");
+    }
+    let _ = write!(line, "  gateway={gateway}");
+    if *door != Door::Capgate {
+        let _ = write!(line, "  door={}", door.as_str());
+    }
+    if let Some(request) = request_id {
+        let _ = write!(line, "  request={request}");
+    }
+    let _ = write!(line, "  id={decision_id}");
+    line
 }

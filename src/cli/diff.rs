@@ -5,6 +5,9 @@
 //!
 //! Both sides must compile; otherwise nothing is compared, stdout carries
 //! what `validate` prints for each failing side, and the exit code is 3.
+//!
+//! [`compare`] is also `capgate policies diff REV REV`'s, on two stored
+//! revisions.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -47,15 +50,21 @@ pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
     let catalog = inputs.catalog(args.common.catalog.as_deref())?;
     let before = Loaded::compile(before, catalog.as_ref());
     let after = Loaded::compile(after, catalog.as_ref());
+    Ok(compare(&before, &after, args.common.json, args.fail_on))
+}
+
+/// The effective diff of two compiled sides, as `diff` reports it (also `policies diff`, on two
+/// stored revisions).
+pub(super) fn compare(before: &Loaded, after: &Loaded, as_json: bool, fail_on: FailOn) -> Outcome {
     let (Some(left), Some(right)) = (&before.compilation.policy, &after.compilation.policy) else {
-        return Ok(failing_sides(&before, &after, args.common.json));
+        return failing_sides(before, after, as_json);
     };
     let changes = effective_diff(side(left, &left.issuer_ids()), side(right, &right.issuer_ids()));
-    let failing = match args.fail_on {
+    let failing = match fail_on {
         FailOn::Any => !changes.is_empty(),
         FailOn::Widening => changes.iter().any(Change::is_widening),
     };
-    let stdout = if args.common.json {
+    let stdout = if as_json {
         super::to_json(&json!({
             "before": json::policy(&before.source, &before.compilation.version),
             "after": json::policy(&after.source, &after.compilation.version),
@@ -64,10 +73,7 @@ pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
     } else {
         human(&changes)
     };
-    Ok(Outcome::stdout(
-        stdout,
-        if failing { Exit::Findings } else { Exit::Done },
-    ))
+    Outcome::stdout(stdout, if failing { Exit::Findings } else { Exit::Done })
 }
 
 fn side<'p>(policy: &'p CompiledPolicy, issuers: &'p [String]) -> Side<'p> {

@@ -1,7 +1,7 @@
 //! The `capgate` command line: the dry-run commands (`validate`, `explain`,
 //! `visible`, `who-can`, `diff`, `schema`; docs/cli.md) and the service
-//! commands (`serve`, `migrate`, `publish`, `policies`, `audit`, `decide`;
-//! docs/service.md). One file per subcommand; `json` converts core types for
+//! commands (`serve`, `migrate`, `publish`, `policies`, `audit`, `usage`,
+//! `decide`; docs/service.md), and `completions`. One file per subcommand; `json` converts core types for
 //! `--json`, `render` writes the human reports, `remote` holds what the
 //! service commands share.
 //!
@@ -14,6 +14,7 @@
 
 mod args;
 mod audit;
+mod completions;
 mod decide;
 mod diff;
 mod explain;
@@ -27,6 +28,7 @@ mod render;
 mod schema;
 mod serve;
 mod test;
+mod usage;
 mod validate;
 mod visible;
 mod who_can;
@@ -48,8 +50,11 @@ use input::Inputs;
     after_help = "Dry run, from the policy file alone (no server, no network, no credentials):\n  \
                   validate, explain, visible, who-can, diff, test, schema\n\
                   The decision service: serve and migrate run it; decide, publish and policies \
-                  call a running server; audit reads its store:\n  \
-                  serve, migrate, decide, publish, policies, audit",
+                  call a running server; audit and usage read its store (usage reset calls the \
+                  server):\n  \
+                  serve, migrate, decide, publish, policies, audit, usage\n\
+                  The shell:\n  \
+                  completions",
     color = clap::ColorChoice::Never,
     arg_required_else_help = false,
     subcommand_required = true
@@ -87,6 +92,10 @@ enum Command {
     Policies(policies::Args),
     /// Query the audit trail in the store, or prune whole months of it.
     Audit(audit::Args),
+    /// Show a principal's usage counters from the store, or reset one through the server.
+    Usage(usage::Args),
+    /// Print a shell completion script (bash, zsh, fish).
+    Completions(completions::Args),
 }
 
 /// How the process ends (cli.md, "Exit codes").
@@ -174,6 +183,8 @@ where
         Command::Publish(args) => publish::run(args, &mut inputs),
         Command::Policies(args) => policies::run(args),
         Command::Audit(args) => audit::run(args),
+        Command::Usage(args) => usage::run(args),
+        Command::Completions(args) => completions::run(args),
     };
     let outcome = result.unwrap_or_else(|failure| match failure {
         Failure::Usage(message) => Outcome {
@@ -203,14 +214,23 @@ impl Command {
             Command::Decide(args) => args.json,
             Command::Publish(args) => args.json,
             Command::Policies(args) => match &args.command {
-                policies::Command::List { json, .. } | policies::Command::Activate { json, .. } => *json,
+                policies::Command::List { json, .. }
+                | policies::Command::Show { json, .. }
+                | policies::Command::Diff { json, .. }
+                | policies::Command::History { json, .. }
+                | policies::Command::Activate { json, .. } => *json,
+            },
+            Command::Usage(args) => match &args.command {
+                Some(usage::Command::Reset(reset)) => reset.json,
+                None => args.query.json,
             },
             Command::Audit(args) => match &args.command {
                 Some(audit::Command::Prune(prune)) => prune.json,
                 None => args.query.json,
             },
-            // The schema is JSON already; serve and migrate print logs, not documents.
-            Command::Schema(_) | Command::Serve(_) | Command::Migrate(_) => false,
+            // The schema is JSON already; serve and migrate print logs, not documents; a
+            // completion script is a script.
+            Command::Schema(_) | Command::Serve(_) | Command::Migrate(_) | Command::Completions(_) => false,
         }
     }
 }

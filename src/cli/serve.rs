@@ -22,116 +22,218 @@ use super::input::{Inputs, Loaded};
 use super::remote::{parse_duration, runtime, Database};
 use super::{validate, Exit, Failure, Outcome};
 
+// Every flag can be set from the environment instead, `CAPGATE_` and the flag's name
+// (`--store-timeout` is `CAPGATE_STORE_TIMEOUT`); a repeatable flag takes a comma-separated list
+// there. The token flags' variables are plural (`CAPGATE_GATEWAY_TOKENS`), because deployments
+// already keep a token's *value* in `CAPGATE_GATEWAY_TOKEN` and `CAPGATE_ADMIN_TOKEN` (referred
+// to as `env://CAPGATE_GATEWAY_TOKEN`): read as a flag, a secret would be parsed as a
+// `NAME=REF`. Help never shows a variable's value (`hide_env_values`): some hold secrets'
+// locations, and an empty one would print as `[env: X=]`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// An address to listen on; repeat for several. Without tokens, every
     /// address must be loopback.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50051")]
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "127.0.0.1:50051",
+        env = "CAPGATE_LISTEN",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
     pub listen: Vec<SocketAddr>,
     /// Serve the OpenID AuthZEN 1.0 API (HTTP/JSON) here too; repeat for several. Off unless
     /// given; the same tokens, TLS and loopback rule as `--listen` (docs/gateways/authzen.md).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(
+        long,
+        value_name = "ADDR",
+        env = "CAPGATE_HTTP_LISTEN",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
     pub http_listen: Vec<SocketAddr>,
     #[command(flatten)]
     pub database: Database,
     /// Publish this artifact at start-up when it differs from the active version.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "CAPGATE_POLICY", hide_env_values = true)]
     pub policy: Option<PathBuf>,
     /// The declared catalog to publish with `--policy`.
-    #[arg(long, value_name = "FILE", requires = "policy")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "policy",
+        env = "CAPGATE_CATALOG",
+        hide_env_values = true
+    )]
     pub catalog: Option<PathBuf>,
     /// How long a counter read or consumption may take before usage is unknown.
-    #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = parse_duration, env = "CAPGATE_STORE_TIMEOUT", hide_env_values = true)]
     pub store_timeout: Duration,
     /// How often the active version is re-read besides notifications.
-    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration, env = "CAPGATE_POLL_INTERVAL", hide_env_values = true)]
     pub poll_interval: Duration,
     /// How long an audit commit may take before the batch goes to the spool.
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration, env = "CAPGATE_AUDIT_TIMEOUT", hide_env_values = true)]
     pub audit_timeout: Duration,
     /// A directory for audit records the store cannot take (replayed later).
     /// Without it, a store that cannot take a record fails the call.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", env = "CAPGATE_AUDIT_SPOOL", hide_env_values = true)]
     pub audit_spool: Option<PathBuf>,
     /// At most this many records per audit transaction.
-    #[arg(long, value_name = "N", default_value_t = 512)]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 512,
+        env = "CAPGATE_AUDIT_BATCH",
+        hide_env_values = true
+    )]
     pub audit_batch: usize,
     /// A connection that has not finished TLS (when configured) and its HTTP/2 preface by
     /// then is closed.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration, env = "CAPGATE_HANDSHAKE_TIMEOUT", hide_env_values = true)]
     pub handshake_timeout: Duration,
     /// A connection with no call open for this long is closed.
-    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration, env = "CAPGATE_IDLE_TIMEOUT", hide_env_values = true)]
     pub idle_timeout: Duration,
     /// Send an HTTP/2 PING on a connection nothing was read from for this long…
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration, env = "CAPGATE_KEEPALIVE_INTERVAL", hide_env_values = true)]
     pub keepalive_interval: Duration,
     /// …and close it when the PING is not answered within this.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration, env = "CAPGATE_KEEPALIVE_TIMEOUT", hide_env_values = true)]
     pub keepalive_timeout: Duration,
     /// At most this many connections at once; more are closed as soon as they are accepted.
     /// Default: half the open-file limit (`ulimit -n`), at most 4096.
-    #[arg(long, value_name = "N")]
+    #[arg(
+        long,
+        value_name = "N",
+        env = "CAPGATE_MAX_CONNECTIONS",
+        hide_env_values = true
+    )]
     pub max_connections: Option<usize>,
     /// At most this many calls open at once on one connection (HTTP/2
     /// SETTINGS_MAX_CONCURRENT_STREAMS); a client queues or is refused the others.
-    #[arg(long, value_name = "N", default_value_t = 256)]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 256,
+        env = "CAPGATE_MAX_CONCURRENT_STREAMS",
+        hide_env_values = true
+    )]
     pub max_concurrent_streams: u32,
     /// A gateway token, `NAME=env://VAR` or `NAME=file:///path`; repeatable.
     /// NAME is the gateway's identity in the audit trail.
-    #[arg(long, value_name = "NAME=REF")]
+    #[arg(
+        long,
+        value_name = "NAME=REF",
+        env = "CAPGATE_GATEWAY_TOKENS",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
     pub gateway_token: Vec<String>,
     /// A gateway token also trusted to assert a principal instead of
     /// forwarding the caller's credential, as for `--gateway-token`. Other
     /// gateways asserting a principal get PERMISSION_DENIED.
-    #[arg(long, value_name = "NAME=REF")]
+    #[arg(
+        long,
+        value_name = "NAME=REF",
+        env = "CAPGATE_ASSERTING_GATEWAY_TOKENS",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
     pub asserting_gateway_token: Vec<String>,
     /// The longest a decision waits for an `oidc` issuer's discovery document
     /// and keys; past it, a bearer token is answered UNAVAILABLE.
-    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration, env = "CAPGATE_OIDC_FETCH_TIMEOUT", hide_env_values = true)]
     pub oidc_fetch_timeout: Duration,
     /// How often every `oidc` issuer's keys are refetched.
-    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration, env = "CAPGATE_OIDC_REFRESH_INTERVAL", hide_env_values = true)]
     pub oidc_refresh_interval: Duration,
     /// Extra root certificates (PEM) to trust for `https` discovery and key
     /// set URLs, besides the system's (an identity provider with a private CA).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "CAPGATE_OIDC_CA", hide_env_values = true)]
     pub oidc_ca: Option<PathBuf>,
     /// An admin token (publish, activate, read policies), as for `--gateway-token`.
-    #[arg(long, value_name = "NAME=REF")]
+    #[arg(
+        long,
+        value_name = "NAME=REF",
+        env = "CAPGATE_ADMIN_TOKENS",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
     pub admin_token: Vec<String>,
     /// ext_authz: the forwarded request's header that carries a `static-key` issuer's key.
-    #[arg(long, value_name = "HEADER", default_value = "x-api-key")]
+    #[arg(
+        long,
+        value_name = "HEADER",
+        default_value = "x-api-key",
+        env = "CAPGATE_EXT_AUTHZ_API_KEY_HEADER",
+        hide_env_values = true
+    )]
     pub ext_authz_api_key_header: String,
     /// ext_authz: an MCP method to let through without a decision, besides `initialize`,
     /// `ping`, `tools/list` and `notifications/*`; repeat for several. Others are refused.
-    #[arg(long, value_name = "METHOD")]
+    #[arg(
+        long,
+        value_name = "METHOD",
+        env = "CAPGATE_EXT_AUTHZ_ALLOW_METHOD",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
     pub ext_authz_allow_method: Vec<String>,
     /// The server's certificate chain (PEM): serve TLS.
-    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "tls_key",
+        env = "CAPGATE_TLS_CERT",
+        hide_env_values = true
+    )]
     pub tls_cert: Option<PathBuf>,
     /// The server's private key (PEM).
-    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "tls_cert",
+        env = "CAPGATE_TLS_KEY",
+        hide_env_values = true
+    )]
     pub tls_key: Option<PathBuf>,
     /// Require client certificates signed by this CA (PEM): mutual TLS.
-    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "tls_cert",
+        env = "CAPGATE_TLS_CLIENT_CA",
+        hide_env_values = true
+    )]
     pub tls_client_ca: Option<PathBuf>,
     /// `human` or `json` log lines.
-    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Human)]
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Human, env = "CAPGATE_LOG_FORMAT", hide_env_values = true)]
     pub log_format: LogFormat,
     /// Export traces and metrics over OTLP/gRPC to this collector (`http://HOST:4317`, or
     /// `https://` with `--otlp-ca`).
-    #[arg(long, value_name = "URL", value_parser = telemetry::parse_otlp_endpoint)]
+    #[arg(long, value_name = "URL", value_parser = telemetry::parse_otlp_endpoint, env = "CAPGATE_OTLP_ENDPOINT", hide_env_values = true)]
     pub otlp_endpoint: Option<String>,
     /// The CA (PEM) that signs an `https://` collector's certificate.
-    #[arg(long, value_name = "FILE", requires = "otlp_endpoint")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "otlp_endpoint",
+        env = "CAPGATE_OTLP_CA",
+        hide_env_values = true
+    )]
     pub otlp_ca: Option<PathBuf>,
     /// How often metrics are exported over OTLP (and the longest a span waits to be sent).
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration, env = "CAPGATE_OTLP_INTERVAL", hide_env_values = true)]
     pub otlp_interval: Duration,
     /// Serve the metrics as Prometheus text at `http://ADDR/metrics` (no token: they hold no
     /// secret; see docs/decisions/0010-telemetry.md).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(
+        long,
+        value_name = "ADDR",
+        env = "CAPGATE_METRICS_LISTEN",
+        hide_env_values = true
+    )]
     pub metrics_listen: Option<SocketAddr>,
 }
 
@@ -313,5 +415,61 @@ async fn shutdown_signal() {
     tokio::select! {
         () = interrupt => {}
         () = terminate => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// The flags of `command` that cannot be set from a `CAPGATE_…` variable, or whose help
+    /// would show the variable's value.
+    fn flags_without_env(command: &clap::Command) -> Vec<String> {
+        command
+            .get_arguments()
+            .filter(|arg| arg.get_long().is_some_and(|long| long != "help"))
+            .filter(|arg| {
+                let named = arg
+                    .get_env()
+                    .and_then(|env| env.to_str())
+                    .is_some_and(|env| env.starts_with("CAPGATE_"));
+                !named || !arg.is_hide_env_values_set()
+            })
+            .map(|arg| format!("--{}", arg.get_long().unwrap_or_default()))
+            .collect()
+    }
+
+    #[test]
+    fn every_serve_flag_has_an_environment_variable() {
+        let cli = super::super::Cli::command();
+        let serve = cli.find_subcommand("serve").expect("a serve command");
+        assert_eq!(flags_without_env(serve), [""; 0]);
+        let mut names: Vec<&std::ffi::OsStr> = serve.get_arguments().filter_map(clap::Arg::get_env).collect();
+        let count = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), count, "two flags share a variable: {names:?}");
+    }
+
+    /// The check above can fail: a flag without a variable, one with a variable of another
+    /// name, and one whose help would show the value are each named.
+    #[test]
+    fn a_flag_without_a_variable_is_named() {
+        let fixture = clap::Command::new("fixture")
+            .arg(
+                clap::Arg::new("set")
+                    .long("set")
+                    .env("CAPGATE_SET")
+                    .hide_env_values(true),
+            )
+            .arg(clap::Arg::new("bare").long("bare"))
+            .arg(
+                clap::Arg::new("other")
+                    .long("other")
+                    .env("OTHER")
+                    .hide_env_values(true),
+            )
+            .arg(clap::Arg::new("shown").long("shown").env("CAPGATE_SHOWN"));
+        assert_eq!(flags_without_env(&fixture), ["--bare", "--other", "--shown"]);
     }
 }

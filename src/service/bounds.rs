@@ -24,6 +24,8 @@
 //! | `request_id` | 128 bytes |
 //! | `artifact`, `catalog` | 8 MiB each |
 //! | `comment` | 4096 bytes |
+//! | `ResetUsage`: `principal_id` | 1537 bytes (an issuer, `:`, a subject), required |
+//! | `ResetUsage`: `capability` | 512 bytes (as `capability`), required |
 //! | ext_authz: `mcp-method`, `mcp-name`, `x-mcp-*`, `context_extensions.mcp_server` | 512 bytes (as `tool`) |
 //! | ext_authz: `authorization`, the API-key header, `x-forwarded-client-cert`, `source.principal` | 16 KiB (as a credential) |
 //! | ext_authz: `x-request-id` | 128 bytes (as `request_id`) |
@@ -34,7 +36,7 @@ use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
 use crate::wire::proto::{
     credential, decide_request, list_visible_request, AssertedPrincipal, Credential, DecideRequest,
-    ListVisibleRequest, NoteDecisionRequest, NoteKind, PublishPolicyRequest,
+    ListVisibleRequest, NoteDecisionRequest, NoteKind, PublishPolicyRequest, ResetUsageRequest,
 };
 
 pub const MAX_ISSUER: usize = 512;
@@ -49,6 +51,8 @@ pub const MAX_REQUEST_ID: usize = 128;
 pub const MAX_ARTIFACT: usize = capgate_core::policy::document::MAX_ARTIFACT_BYTES;
 pub const MAX_CATALOG: usize = capgate_core::policy::document::MAX_ARTIFACT_BYTES;
 pub const MAX_COMMENT: usize = 4096;
+/// A principal id as the store keys counters: `issuer:subject`.
+pub const MAX_PRINCIPAL_ID: usize = MAX_ISSUER + 1 + MAX_SUBJECT;
 /// The largest JSON-RPC body the ext_authz door parses (Envoy's `max_request_bytes` should not
 /// exceed it): a `tools/call` with its arguments.
 pub const MAX_EXT_AUTHZ_BODY: usize = 1024 * 1024;
@@ -262,6 +266,23 @@ pub fn publish(request: &PublishPolicyRequest) -> Result<(), Status> {
         check.length("catalog", catalog, MAX_CATALOG);
     }
     check.text(|| "comment".into(), comment, MAX_COMMENT);
+    check.finish()
+}
+
+pub fn reset_usage(request: &ResetUsageRequest) -> Result<(), Status> {
+    let ResetUsageRequest {
+        principal_id,
+        capability,
+    } = request;
+    let mut check = Check::default();
+    check.required(
+        "principal_id",
+        !principal_id.is_empty(),
+        "the principal id, `issuer:subject`",
+    );
+    check.text(|| "principal_id".into(), principal_id, MAX_PRINCIPAL_ID);
+    check.required("capability", !capability.is_empty(), "the capability id");
+    check.text(|| "capability".into(), capability, MAX_TARGET);
     check.finish()
 }
 

@@ -19,7 +19,7 @@
 //! | `grpc/decisions.rs` | the `DecisionService` door (`Decide`, `ListVisible`) |
 //! | `authzen/` | the OpenID AuthZEN 1.0 door over HTTP/JSON (`--http-listen`) |
 //! | `grpc/ext_authz.rs` | Envoy's ext_authz door (`Authorization/Check`) |
-//! | `grpc/policies.rs` | `PublishPolicy`, `GetActivePolicy`, `ListPolicyVersions`, `ActivatePolicy` |
+//! | `grpc/policies.rs` | `PublishPolicy`, `GetActivePolicy`, `ListPolicyVersions`, `ActivatePolicy`, `GetPolicyVersion`, `ListPolicyActivations`, `ResetUsage` |
 //! | `auth.rs` | bearer tokens and roles |
 //! | `audit/` | the group-commit writer (`mod.rs`) and its local spool (`spool.rs`) |
 //! | `retention.rs` | audit partitions made ahead of time |

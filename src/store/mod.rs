@@ -30,6 +30,11 @@
 //!   core's `Usage::Counted` is another thing).
 //! * Added: [`StoreError::is_data_error`], which tells a write the store
 //!   refused for its values from a store that failed.
+//! * `activate` takes the [`Actor`]; every change of the active version is
+//!   recorded with it ([`Store::activations`]). Added: [`Store::counters`],
+//!   [`Store::reset_usage`] and [`Store::usage_resets`] (the operator's view
+//!   of the counters), [`Store::audit_groups`], and more [`AuditFilter`]
+//!   fields (tool, gateway, kind, ids, a cursor for following).
 
 use std::future::Future;
 use std::time::Duration;
@@ -521,9 +526,170 @@ pub struct AuditFilter {
     /// Records before this instant (exclusive), so consecutive ranges do not
     /// overlap.
     pub until_ms: Option<i64>,
+    /// The exposed tool name asked for.
+    pub tool: Option<String>,
+    /// The gateway the record was written for (its token's name, or `loopback`).
+    pub gateway: Option<String>,
+    /// `decide` or `list`.
+    pub kind: Option<String>,
+    pub decision_id: Option<String>,
+    /// The gateway's request id (any gateway's: combine with `gateway` for one request).
+    pub request_id: Option<String>,
+    /// Only records after this one, in the order (`at`, `decision_id`): where a follow
+    /// (`capgate audit --follow`) left off.
+    pub after: Option<AuditCursor>,
+    /// Oldest first instead of newest first (a follow reads forward).
+    pub oldest_first: bool,
     /// Newest first (by `at`, then by `decision_id`), at most this many; `0`
     /// returns nothing.
     pub limit: u32,
+}
+
+/// A place in the audit trail's order: a record's `at` and `decision_id`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct AuditCursor {
+    pub at_ms: i64,
+    pub decision_id: String,
+}
+
+/// What audit records can be counted by (`capgate audit --group-by`): a column each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GroupKey {
+    Principal,
+    Capability,
+    Account,
+    Code,
+    Tool,
+    Gateway,
+    Outcome,
+    Kind,
+    /// The record's `path`: the pointer to the grant that decided (the rule), or to what denied.
+    Path,
+}
+
+impl GroupKey {
+    pub const ALL: [GroupKey; 9] = [
+        GroupKey::Principal,
+        GroupKey::Capability,
+        GroupKey::Account,
+        GroupKey::Code,
+        GroupKey::Tool,
+        GroupKey::Gateway,
+        GroupKey::Outcome,
+        GroupKey::Kind,
+        GroupKey::Path,
+    ];
+
+    /// As `--group-by` spells it (`rule` is another name for `path`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupKey::Principal => "principal",
+            GroupKey::Capability => "capability",
+            GroupKey::Account => "account",
+            GroupKey::Code => "code",
+            GroupKey::Tool => "tool",
+            GroupKey::Gateway => "gateway",
+            GroupKey::Outcome => "outcome",
+            GroupKey::Kind => "kind",
+            GroupKey::Path => "path",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<GroupKey> {
+        if text == "rule" {
+            return Some(GroupKey::Path);
+        }
+        GroupKey::ALL.into_iter().find(|key| key.as_str() == text)
+    }
+
+    /// The `audit_log` column it groups by.
+    pub fn column(self) -> &'static str {
+        match self {
+            GroupKey::Principal => "principal_id",
+            GroupKey::Capability => "capability",
+            GroupKey::Account => "account_id",
+            GroupKey::Code => "code",
+            GroupKey::Tool => "tool",
+            GroupKey::Gateway => "gateway",
+            GroupKey::Outcome => "outcome",
+            GroupKey::Kind => "kind",
+            GroupKey::Path => "path",
+        }
+    }
+}
+
+/// One group of audit records: the values of the keys it was grouped by (`None`: the column is
+/// empty on these records, such as the account of a denial), how many records, and the first
+/// and last instant among them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditGroup {
+    pub values: Vec<Option<String>>,
+    pub records: u64,
+    pub first_at_ms: i64,
+    pub last_at_ms: i64,
+}
+
+/// Who made an admin change, and when: the admin token's name (`serve --policy` for the file published at start-up,
+/// `loopback` on a server without tokens) and the instant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Actor {
+    pub name: String,
+    pub at_ms: i64,
+}
+
+/// How a version became active.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActivationKind {
+    /// A publish stored it and activated it.
+    Publish,
+    /// `ActivatePolicy` made a stored version active again: a rollback, or a roll-forward to a
+    /// newer stored one.
+    Rollback,
+}
+
+impl ActivationKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActivationKind::Publish => "publish",
+            ActivationKind::Rollback => "rollback",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<ActivationKind> {
+        [ActivationKind::Publish, ActivationKind::Rollback]
+            .into_iter()
+            .find(|kind| kind.as_str() == text)
+    }
+}
+
+/// One change of the active version, as the store recorded it with the change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Activation {
+    pub at_ms: i64,
+    pub actor: String,
+    pub kind: ActivationKind,
+    /// `None` when no version was active before.
+    pub from_revision: Option<u64>,
+    pub to_revision: u64,
+}
+
+/// A usage counter as stored: whose, for what, and its reading.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredCounter {
+    pub principal_id: String,
+    pub capability: String,
+    pub reading: CounterReading,
+}
+
+/// A counter an admin reset, with what it read when it went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageReset {
+    pub at_ms: i64,
+    pub actor: String,
+    pub principal_id: String,
+    pub capability: String,
+    pub reading: CounterReading,
 }
 
 /// One period of the audit trail that a prune removed (or, in a dry run,
@@ -583,12 +749,17 @@ pub trait Store: Clone + Send + Sync + 'static {
         expected: ExpectedRevision,
     ) -> impl Future<Output = StoreResult<PublishOutcome>> + Send;
 
-    /// Makes a stored revision active again; notifies other replicas.
+    /// Makes a stored revision active again; notifies other replicas. `by` is recorded in the
+    /// activation history in the same transaction (as a publish records its author).
     fn activate(
         &self,
         revision: u64,
         expected: ExpectedRevision,
+        by: &Actor,
     ) -> impl Future<Output = StoreResult<ActivateOutcome>> + Send;
+
+    /// The changes of the active version, newest first, at most `limit`.
+    fn activations(&self, limit: u32) -> impl Future<Output = StoreResult<Vec<Activation>>> + Send;
 
     fn policy(&self, revision: u64) -> impl Future<Output = StoreResult<Option<StoredPolicy>>> + Send;
 
@@ -625,6 +796,33 @@ pub trait Store: Clone + Send + Sync + 'static {
         window_ms: u64,
         limit: u64,
     ) -> impl Future<Output = StoreResult<Consumed>> + Send;
+
+    /// A principal's counters (one capability's, with `capability`), by capability, at most
+    /// `limit`.
+    fn counters(
+        &self,
+        principal_id: &str,
+        capability: Option<&str>,
+        limit: u32,
+    ) -> impl Future<Output = StoreResult<Vec<StoredCounter>>> + Send;
+
+    /// Removes the counter for `key` and records who did, with what it read, in one
+    /// transaction; the next call opens a fresh window. `None` (nothing recorded): there was no
+    /// counter.
+    fn reset_usage(
+        &self,
+        key: CounterKey<'_>,
+        by: &Actor,
+    ) -> impl Future<Output = StoreResult<Option<CounterReading>>> + Send;
+
+    /// The resets of a principal's counters (one capability's, with `capability`), newest
+    /// first, at most `limit`.
+    fn usage_resets(
+        &self,
+        principal_id: &str,
+        capability: Option<&str>,
+        limit: u32,
+    ) -> impl Future<Output = StoreResult<Vec<UsageReset>>> + Send;
 
     // ── Audit and idempotency ─────────────────────────────────────────────
 
@@ -664,6 +862,15 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     fn query_audit(&self, filter: &AuditFilter)
         -> impl Future<Output = StoreResult<Vec<AuditRecord>>> + Send;
+
+    /// The records `filter` matches (its order, cursor and limit aside), counted per distinct
+    /// value of `keys`: most records first, then by the values (an empty one last), at most
+    /// `filter.limit` groups. Counted by the database (`GROUP BY`), not by reading the records.
+    fn audit_groups(
+        &self,
+        filter: &AuditFilter,
+        keys: &[GroupKey],
+    ) -> impl Future<Output = StoreResult<Vec<AuditGroup>>> + Send;
 
     /// Stores `note` when `note.gateway` was given the allow `note.decision_id` names, and says
     /// whether it was (`false`: no such allow for that gateway). A second note of the same kind
@@ -767,8 +974,43 @@ impl Store for AnyStore {
         with_store!(self, store => store.publish(new, expected).await)
     }
 
-    async fn activate(&self, revision: u64, expected: ExpectedRevision) -> StoreResult<ActivateOutcome> {
-        with_store!(self, store => store.activate(revision, expected).await)
+    async fn activate(
+        &self,
+        revision: u64,
+        expected: ExpectedRevision,
+        by: &Actor,
+    ) -> StoreResult<ActivateOutcome> {
+        with_store!(self, store => store.activate(revision, expected, by).await)
+    }
+
+    async fn activations(&self, limit: u32) -> StoreResult<Vec<Activation>> {
+        with_store!(self, store => store.activations(limit).await)
+    }
+
+    async fn counters(
+        &self,
+        principal_id: &str,
+        capability: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Vec<StoredCounter>> {
+        with_store!(self, store => store.counters(principal_id, capability, limit).await)
+    }
+
+    async fn reset_usage(&self, key: CounterKey<'_>, by: &Actor) -> StoreResult<Option<CounterReading>> {
+        with_store!(self, store => store.reset_usage(key, by).await)
+    }
+
+    async fn usage_resets(
+        &self,
+        principal_id: &str,
+        capability: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Vec<UsageReset>> {
+        with_store!(self, store => store.usage_resets(principal_id, capability, limit).await)
+    }
+
+    async fn audit_groups(&self, filter: &AuditFilter, keys: &[GroupKey]) -> StoreResult<Vec<AuditGroup>> {
+        with_store!(self, store => store.audit_groups(filter, keys).await)
     }
 
     async fn policy(&self, revision: u64) -> StoreResult<Option<StoredPolicy>> {

@@ -26,13 +26,14 @@ use tokio::sync::Mutex;
 
 use super::retention::{self, Period, RangeBounds};
 use super::sql::{
-    self, ActivatePlan, AuditIntegers, AuditRow, CounterRow, During, NoteRow, PolicyRow, PublishPlan,
-    RememberedRow,
+    self, ActivatePlan, ActivationRow, AuditIntegers, AuditRow, CounterRow, During, NoteRow, PolicyRow,
+    PublishPlan, RememberedRow, ResetRow, StoredCounterRow,
 };
 use super::{
-    ActivateOutcome, AuditFilter, AuditRecord, Claim, Consumed, CounterKey, CounterReading, DecisionNote,
-    ExpectedRevision, NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, Store, StoreError,
-    StoreOptions, StoreResult, StoredPolicy,
+    ActivateOutcome, Activation, ActivationKind, Actor, AuditFilter, AuditGroup, AuditRecord, Claim,
+    Consumed, CounterKey, CounterReading, DecisionNote, ExpectedRevision, GroupKey, NewPolicy, PrunedPeriod,
+    PublishOutcome, RecordCode, Remembered, Store, StoreError, StoreOptions, StoreResult, StoredCounter,
+    StoredPolicy, UsageReset,
 };
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
@@ -170,6 +171,30 @@ async fn notify(connection: &mut PgConnection, revision: u64) -> Result<(), sqlx
     Ok(())
 }
 
+/// Records that `to` became active (from `from`), as part of `operation`'s transaction.
+async fn record_activation(
+    connection: &mut PgConnection,
+    by: &Actor,
+    kind: ActivationKind,
+    from: Option<u64>,
+    to: u64,
+    operation: &'static str,
+) -> StoreResult<()> {
+    sqlx::query(sql::INSERT_ACTIVATION)
+        .bind(by.at_ms)
+        .bind(&by.name)
+        .bind(kind.as_str())
+        .bind(
+            from.map(|revision| sql::to_bigint(revision, "from_revision"))
+                .transpose()?,
+        )
+        .bind(sql::to_bigint(to, "to_revision")?)
+        .execute(connection)
+        .await
+        .during(operation)?;
+    Ok(())
+}
+
 /// Locks the active pointer until the transaction ends; every change of the
 /// active version takes this lock first, so changes are serialised across
 /// replicas and a compare-and-set sees the latest committed state.
@@ -212,6 +237,7 @@ impl Store for PostgresStore {
             Some(revision) => Self::policy_in(&mut *tx, revision, "publish").await?,
             None => None,
         };
+        let active_before = active.as_ref().map(|policy| policy.revision);
         match sql::plan_publish(active, &new, expected) {
             PublishPlan::Unchanged(active) => {
                 tx.rollback().await.during("publish")?;
@@ -250,6 +276,19 @@ impl Store for PostgresStore {
                     .execute(&mut *tx)
                     .await
                     .during("publish")?;
+                let by = Actor {
+                    name: stored.author.clone(),
+                    at_ms: stored.created_at_ms,
+                };
+                record_activation(
+                    &mut tx,
+                    &by,
+                    ActivationKind::Publish,
+                    active_before,
+                    stored.revision,
+                    "publish",
+                )
+                .await?;
                 notify(&mut tx, stored.revision).await.during("publish")?;
                 tx.commit().await.during("publish")?;
                 Ok(PublishOutcome::Activated(stored))
@@ -257,7 +296,12 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn activate(&self, revision: u64, expected: ExpectedRevision) -> StoreResult<ActivateOutcome> {
+    async fn activate(
+        &self,
+        revision: u64,
+        expected: ExpectedRevision,
+        by: &Actor,
+    ) -> StoreResult<ActivateOutcome> {
         let mut tx = self.pool.begin().await.during("activate")?;
         let active = lock_active(&mut tx)
             .await
@@ -283,10 +327,30 @@ impl Store for PostgresStore {
                 .execute(&mut *tx)
                 .await
                 .during("activate")?;
+            record_activation(
+                &mut tx,
+                by,
+                ActivationKind::Rollback,
+                active,
+                policy.revision,
+                "activate",
+            )
+            .await?;
             notify(&mut tx, policy.revision).await.during("activate")?;
         }
         tx.commit().await.during("activate")?;
         Ok(ActivateOutcome::Activated(policy))
+    }
+
+    async fn activations(&self, limit: u32) -> StoreResult<Vec<Activation>> {
+        sqlx::query_as::<_, ActivationRow>(sql::ACTIVATIONS)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .during("activations")?
+            .into_iter()
+            .map(ActivationRow::into_activation)
+            .collect()
     }
 
     async fn policy(&self, revision: u64) -> StoreResult<Option<StoredPolicy>> {
@@ -348,6 +412,71 @@ impl Store for PostgresStore {
         .during("read_usage")?
         .map(CounterRow::into_reading)
         .transpose()
+    }
+
+    async fn counters(
+        &self,
+        principal_id: &str,
+        capability: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Vec<StoredCounter>> {
+        sqlx::query_as::<_, StoredCounterRow>(sql::COUNTERS)
+            .bind(principal_id)
+            .bind(capability)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .during("counters")?
+            .into_iter()
+            .map(StoredCounterRow::into_counter)
+            .collect()
+    }
+
+    async fn reset_usage(&self, key: CounterKey<'_>, by: &Actor) -> StoreResult<Option<CounterReading>> {
+        // The delete locks the row, so a consumption waits for the reset and then opens a fresh
+        // window; the reset's record commits with it.
+        let mut tx = self.pool.begin().await.during("reset_usage")?;
+        let Some(row) = sqlx::query_as::<_, CounterRow>(sql::DELETE_COUNTER)
+            .bind(key.principal_id)
+            .bind(key.capability)
+            .fetch_optional(&mut *tx)
+            .await
+            .during("reset_usage")?
+        else {
+            tx.rollback().await.during("reset_usage")?;
+            return Ok(None);
+        };
+        let reading = row.into_reading()?;
+        sqlx::query(sql::INSERT_RESET)
+            .bind(by.at_ms)
+            .bind(&by.name)
+            .bind(key.principal_id)
+            .bind(key.capability)
+            .bind(sql::to_bigint(reading.calls, "calls")?)
+            .bind(reading.window_start_ms)
+            .execute(&mut *tx)
+            .await
+            .during("reset_usage")?;
+        tx.commit().await.during("reset_usage")?;
+        Ok(Some(reading))
+    }
+
+    async fn usage_resets(
+        &self,
+        principal_id: &str,
+        capability: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Vec<UsageReset>> {
+        sqlx::query_as::<_, ResetRow>(sql::RESETS)
+            .bind(principal_id)
+            .bind(capability)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .during("usage_resets")?
+            .into_iter()
+            .map(ResetRow::into_reset)
+            .collect()
     }
 
     async fn consume(
@@ -482,6 +611,18 @@ impl Store for PostgresStore {
             .during("query_audit")?
             .into_iter()
             .map(AuditRow::into_record)
+            .collect()
+    }
+
+    async fn audit_groups(&self, filter: &AuditFilter, keys: &[GroupKey]) -> StoreResult<Vec<AuditGroup>> {
+        // Bytewise, as SQLite compares, whatever the database's collation.
+        sql::audit_groups_query::<Postgres>(filter, keys, " COLLATE \"C\"")
+            .build()
+            .fetch_all(&self.pool)
+            .await
+            .during("audit_groups")?
+            .iter()
+            .map(|row| sql::audit_group(row, keys.len()))
             .collect()
     }
 

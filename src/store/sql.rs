@@ -3,17 +3,19 @@
 //! read, the conversions between the port's unsigned integers and SQL's
 //! signed `BIGINT` and between the record's types and their text, how a
 //! failure names its operation, the decisions of `publish` and `activate`
-//! once the active pointer is locked, and the `WHERE` clause of an audit
-//! query.
+//! once the active pointer is locked, the `WHERE` clause of an audit
+//! query and its `GROUP BY`, and the operator's history (activations, usage
+//! resets).
 //!
 //! The SQL that differs (locking, bulk inserts, notifications) lives in
 //! `postgres.rs` and `sqlite.rs`.
 
-use sqlx::{Database, Encode, QueryBuilder, Type};
+use sqlx::{ColumnIndex, Database, Decode, Encode, QueryBuilder, Row, Type};
 
 use super::{
-    AuditFilter, AuditRecord, Claim, CounterReading, DecisionNote, Door, ExpectedRevision, NewPolicy, Note,
-    RecordCode, RecordKind, RecordOutcome, Remembered, StoreError, StoreResult, StoredPolicy,
+    Activation, ActivationKind, AuditCursor, AuditFilter, AuditGroup, AuditRecord, Claim, CounterReading,
+    DecisionNote, Door, ExpectedRevision, GroupKey, NewPolicy, Note, RecordCode, RecordKind, RecordOutcome,
+    Remembered, StoreError, StoreResult, StoredCounter, StoredPolicy, UsageReset,
 };
 
 /// Names the operation a database failure happened in. There is no
@@ -439,6 +441,35 @@ where
     String: for<'q> Encode<'q, DB> + Type<DB>,
     i64: for<'q> Encode<'q, DB> + Type<DB>,
 {
+    let mut query = QueryBuilder::new(format!("SELECT {AUDIT_COLUMNS} FROM audit_log"));
+    audit_conditions(&mut query, filter);
+    if let Some(AuditCursor { at_ms, decision_id }) = &filter.after {
+        // After the cursor in (`at`, `decision_id`) order; `at >=` first, so the range stays one
+        // the `at` indexes answer.
+        query
+            .push(" AND at >= ")
+            .push_bind(*at_ms)
+            .push(" AND (at > ")
+            .push_bind(*at_ms)
+            .push(" OR decision_id > ")
+            .push_bind(decision_id.clone())
+            .push(")");
+    }
+    let order = if filter.oldest_first { "ASC" } else { "DESC" };
+    query
+        .push(format_args!(" ORDER BY at {order}, decision_id {order} LIMIT "))
+        .push_bind(i64::from(filter.limit));
+    query
+}
+
+/// ` WHERE TRUE AND …`: the conditions of a filter but its cursor, order and limit.
+fn audit_conditions<DB>(query: &mut QueryBuilder<DB>, filter: &AuditFilter)
+where
+    DB: Database,
+    DB::Arguments: Default,
+    String: for<'q> Encode<'q, DB> + Type<DB>,
+    i64: for<'q> Encode<'q, DB> + Type<DB>,
+{
     let AuditFilter {
         principal_id,
         capability,
@@ -447,15 +478,27 @@ where
         code,
         since_ms,
         until_ms,
-        limit,
+        tool,
+        gateway,
+        kind,
+        decision_id,
+        request_id,
+        after: _,
+        oldest_first: _,
+        limit: _,
     } = filter;
-    let mut query = QueryBuilder::new(format!("SELECT {AUDIT_COLUMNS} FROM audit_log WHERE TRUE"));
+    query.push(" WHERE TRUE");
     for (column, value) in [
         ("principal_id", principal_id),
         ("capability", capability),
         ("account_id", account_id),
         ("outcome", outcome),
         ("code", code),
+        ("tool", tool),
+        ("gateway", gateway),
+        ("kind", kind),
+        ("decision_id", decision_id),
+        ("request_id", request_id),
     ] {
         if let Some(value) = value {
             query
@@ -469,10 +512,174 @@ where
     if let Some(until) = until_ms {
         query.push(" AND at < ").push_bind(*until);
     }
+}
+
+/// `SELECT key…, count(*), min(at), max(at) FROM audit_log WHERE … GROUP BY key… ORDER BY …`:
+/// the groups of [`Store::audit_groups`](super::Store::audit_groups). `collate` is how the
+/// dialect compares the values bytewise (PostgreSQL's `COLLATE "C"`; SQLite's default already
+/// does), so both stores order groups alike. `key IS NULL` sorts an empty value last on both.
+pub(super) fn audit_groups_query<DB>(
+    filter: &AuditFilter,
+    keys: &[GroupKey],
+    collate: &str,
+) -> QueryBuilder<DB>
+where
+    DB: Database,
+    DB::Arguments: Default,
+    String: for<'q> Encode<'q, DB> + Type<DB>,
+    i64: for<'q> Encode<'q, DB> + Type<DB>,
+{
+    let columns: Vec<&str> = keys.iter().map(|key| key.column()).collect();
+    let mut query = QueryBuilder::new(format!(
+        "SELECT {}, count(*) AS records, min(at) AS first_at, max(at) AS last_at FROM audit_log",
+        columns.join(", ")
+    ));
+    audit_conditions(&mut query, filter);
+    let order: Vec<String> = columns
+        .iter()
+        .map(|column| format!("{column} IS NULL, {column}{collate}"))
+        .collect();
     query
-        .push(" ORDER BY at DESC, decision_id DESC LIMIT ")
-        .push_bind(i64::from(*limit));
+        .push(format_args!(
+            " GROUP BY {} ORDER BY records DESC, {} LIMIT ",
+            columns.join(", "),
+            order.join(", ")
+        ))
+        .push_bind(i64::from(filter.limit));
     query
+}
+
+/// One row of [`audit_groups_query`] with `keys` key columns.
+pub(super) fn audit_group<R>(row: &R, keys: usize) -> StoreResult<AuditGroup>
+where
+    R: Row,
+    usize: ColumnIndex<R>,
+    Option<String>: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+    i64: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+{
+    let values = (0..keys)
+        .map(|index| row.try_get::<Option<String>, usize>(index))
+        .collect::<Result<Vec<_>, _>>()
+        .during("audit_groups")?;
+    let records: i64 = row.try_get(keys).during("audit_groups")?;
+    Ok(AuditGroup {
+        values,
+        records: to_unsigned(records, "records")?,
+        first_at_ms: row.try_get(keys + 1).during("audit_groups")?,
+        last_at_ms: row.try_get(keys + 2).during("audit_groups")?,
+    })
+}
+
+// ── The operator's history ────────────────────────────────────────────────
+
+/// Records a change of the active version, inside the transaction that made it.
+pub(super) const INSERT_ACTIVATION: &str = "INSERT INTO policy_activations \
+     (at, actor, kind, from_revision, to_revision) VALUES ($1, $2, $3, $4, $5)";
+
+pub(super) const ACTIVATIONS: &str = "SELECT at, actor, kind, from_revision, to_revision \
+     FROM policy_activations ORDER BY id DESC LIMIT $1";
+
+#[derive(sqlx::FromRow)]
+pub(super) struct ActivationRow {
+    at: i64,
+    actor: String,
+    kind: String,
+    from_revision: Option<i64>,
+    to_revision: i64,
+}
+
+impl ActivationRow {
+    pub(super) fn into_activation(self) -> StoreResult<Activation> {
+        let ActivationRow {
+            at,
+            actor,
+            kind,
+            from_revision,
+            to_revision,
+        } = self;
+        Ok(Activation {
+            at_ms: at,
+            actor,
+            kind: to_typed(kind, "policy_activations.kind", ActivationKind::parse)?,
+            from_revision: to_unsigned_opt(from_revision, "from_revision")?,
+            to_revision: to_unsigned(to_revision, "to_revision")?,
+        })
+    }
+}
+
+/// `counters`: `$1` principal, `$2` capability or NULL for all of them, `$3` at most.
+pub(super) const COUNTERS: &str = "SELECT principal_id, capability, calls, window_start FROM usage_counters \
+     WHERE principal_id = $1 AND ($2 IS NULL OR capability = $2) ORDER BY capability LIMIT $3";
+
+#[derive(sqlx::FromRow)]
+pub(super) struct StoredCounterRow {
+    principal_id: String,
+    capability: String,
+    calls: i64,
+    window_start: i64,
+}
+
+impl StoredCounterRow {
+    pub(super) fn into_counter(self) -> StoreResult<StoredCounter> {
+        let StoredCounterRow {
+            principal_id,
+            capability,
+            calls,
+            window_start,
+        } = self;
+        Ok(StoredCounter {
+            principal_id,
+            capability,
+            reading: CounterReading {
+                calls: to_unsigned(calls, "calls")?,
+                window_start_ms: window_start,
+            },
+        })
+    }
+}
+
+/// `reset_usage`: the counter goes, returning what it read…
+pub(super) const DELETE_COUNTER: &str = "DELETE FROM usage_counters \
+     WHERE principal_id = $1 AND capability = $2 RETURNING calls, window_start";
+/// …and the reset is recorded in the same transaction.
+pub(super) const INSERT_RESET: &str = "INSERT INTO usage_resets \
+     (at, actor, principal_id, capability, calls, window_start) VALUES ($1, $2, $3, $4, $5, $6)";
+
+pub(super) const RESETS: &str = "SELECT at, actor, principal_id, capability, calls, window_start \
+     FROM usage_resets WHERE principal_id = $1 AND ($2 IS NULL OR capability = $2) \
+     ORDER BY id DESC LIMIT $3";
+
+#[derive(sqlx::FromRow)]
+pub(super) struct ResetRow {
+    at: i64,
+    actor: String,
+    principal_id: String,
+    capability: String,
+    calls: i64,
+    window_start: i64,
+}
+
+impl ResetRow {
+    pub(super) fn into_reset(self) -> StoreResult<UsageReset> {
+        let ResetRow {
+            at,
+            actor,
+            principal_id,
+            capability,
+            calls,
+            window_start,
+        } = self;
+        Ok(UsageReset {
+            at_ms: at,
+            actor,
+            principal_id,
+            capability,
+            reading: CounterReading {
+                calls: to_unsigned(calls, "calls")?,
+                window_start_ms: window_start,
+            },
+        })
+    }
 }
 
 #[cfg(test)]

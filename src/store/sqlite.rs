@@ -40,13 +40,14 @@ use tokio::sync::{Mutex, MutexGuard};
 
 use super::retention::{self, Period};
 use super::sql::{
-    self, ActivatePlan, AuditIntegers, AuditRow, CounterRow, During, NoteRow, PolicyRow, PublishPlan,
-    RememberedRow,
+    self, ActivatePlan, ActivationRow, AuditIntegers, AuditRow, CounterRow, During, NoteRow, PolicyRow,
+    PublishPlan, RememberedRow, ResetRow, StoredCounterRow,
 };
 use super::{
-    ActivateOutcome, AuditFilter, AuditRecord, Claim, Consumed, CounterKey, CounterReading, DecisionNote,
-    ExpectedRevision, NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, Store, StoreError,
-    StoreOptions, StoreResult, StoredPolicy,
+    ActivateOutcome, Activation, ActivationKind, Actor, AuditFilter, AuditGroup, AuditRecord, Claim,
+    Consumed, CounterKey, CounterReading, DecisionNote, ExpectedRevision, GroupKey, NewPolicy, PrunedPeriod,
+    PublishOutcome, RecordCode, Remembered, Store, StoreError, StoreOptions, StoreResult, StoredCounter,
+    StoredPolicy, UsageReset,
 };
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
@@ -188,6 +189,30 @@ async fn active_revision(connection: &mut SqliteConnection) -> Result<Option<i64
         .await
 }
 
+/// Records that `to` became active (from `from`), as part of `operation`'s transaction.
+async fn record_activation(
+    connection: &mut SqliteConnection,
+    by: &Actor,
+    kind: ActivationKind,
+    from: Option<u64>,
+    to: u64,
+    operation: &'static str,
+) -> StoreResult<()> {
+    sqlx::query(sql::INSERT_ACTIVATION)
+        .bind(by.at_ms)
+        .bind(&by.name)
+        .bind(kind.as_str())
+        .bind(
+            from.map(|revision| sql::to_bigint(revision, "from_revision"))
+                .transpose()?,
+        )
+        .bind(sql::to_bigint(to, "to_revision")?)
+        .execute(connection)
+        .await
+        .during(operation)?;
+    Ok(())
+}
+
 /// Points the active pointer at `revision`, as part of `operation`.
 async fn point_active_at(
     connection: &mut SqliteConnection,
@@ -226,6 +251,7 @@ impl Store for SqliteStore {
             Some(revision) => Self::policy_in(&mut *tx, revision, "publish").await?,
             None => None,
         };
+        let active_before = active.as_ref().map(|policy| policy.revision);
         match sql::plan_publish(active, &new, expected) {
             PublishPlan::Unchanged(active) => {
                 tx.rollback().await.during("publish")?;
@@ -260,13 +286,31 @@ impl Store for SqliteStore {
                 .during("publish")?
                 .into_policy()?;
                 point_active_at(&mut tx, stored.revision, "publish").await?;
+                let by = Actor {
+                    name: stored.author.clone(),
+                    at_ms: stored.created_at_ms,
+                };
+                record_activation(
+                    &mut tx,
+                    &by,
+                    ActivationKind::Publish,
+                    active_before,
+                    stored.revision,
+                    "publish",
+                )
+                .await?;
                 tx.commit().await.during("publish")?;
                 Ok(PublishOutcome::Activated(stored))
             }
         }
     }
 
-    async fn activate(&self, revision: u64, expected: ExpectedRevision) -> StoreResult<ActivateOutcome> {
+    async fn activate(
+        &self,
+        revision: u64,
+        expected: ExpectedRevision,
+        by: &Actor,
+    ) -> StoreResult<ActivateOutcome> {
         let _turn = self.write_turn().await;
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.during("activate")?;
         let active = active_revision(&mut tx)
@@ -289,9 +333,29 @@ impl Store for SqliteStore {
         };
         if let ActivatePlan::Switch = plan {
             point_active_at(&mut tx, policy.revision, "activate").await?;
+            record_activation(
+                &mut tx,
+                by,
+                ActivationKind::Rollback,
+                active,
+                policy.revision,
+                "activate",
+            )
+            .await?;
         }
         tx.commit().await.during("activate")?;
         Ok(ActivateOutcome::Activated(policy))
+    }
+
+    async fn activations(&self, limit: u32) -> StoreResult<Vec<Activation>> {
+        sqlx::query_as::<_, ActivationRow>(sql::ACTIVATIONS)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .during("activations")?
+            .into_iter()
+            .map(ActivationRow::into_activation)
+            .collect()
     }
 
     async fn policy(&self, revision: u64) -> StoreResult<Option<StoredPolicy>> {
@@ -330,6 +394,74 @@ impl Store for SqliteStore {
         .during("read_usage")?
         .map(CounterRow::into_reading)
         .transpose()
+    }
+
+    async fn counters(
+        &self,
+        principal_id: &str,
+        capability: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Vec<StoredCounter>> {
+        sqlx::query_as::<_, StoredCounterRow>(sql::COUNTERS)
+            .bind(principal_id)
+            .bind(capability)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .during("counters")?
+            .into_iter()
+            .map(StoredCounterRow::into_counter)
+            .collect()
+    }
+
+    async fn reset_usage(&self, key: CounterKey<'_>, by: &Actor) -> StoreResult<Option<CounterReading>> {
+        let _turn = self.write_turn().await;
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .during("reset_usage")?;
+        let Some(row) = sqlx::query_as::<_, CounterRow>(sql::DELETE_COUNTER)
+            .bind(key.principal_id)
+            .bind(key.capability)
+            .fetch_optional(&mut *tx)
+            .await
+            .during("reset_usage")?
+        else {
+            tx.rollback().await.during("reset_usage")?;
+            return Ok(None);
+        };
+        let reading = row.into_reading()?;
+        sqlx::query(sql::INSERT_RESET)
+            .bind(by.at_ms)
+            .bind(&by.name)
+            .bind(key.principal_id)
+            .bind(key.capability)
+            .bind(sql::to_bigint(reading.calls, "calls")?)
+            .bind(reading.window_start_ms)
+            .execute(&mut *tx)
+            .await
+            .during("reset_usage")?;
+        tx.commit().await.during("reset_usage")?;
+        Ok(Some(reading))
+    }
+
+    async fn usage_resets(
+        &self,
+        principal_id: &str,
+        capability: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Vec<UsageReset>> {
+        sqlx::query_as::<_, ResetRow>(sql::RESETS)
+            .bind(principal_id)
+            .bind(capability)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .during("usage_resets")?
+            .into_iter()
+            .map(ResetRow::into_reset)
+            .collect()
     }
 
     async fn consume(
@@ -533,6 +665,18 @@ impl Store for SqliteStore {
             .during("query_audit")?
             .into_iter()
             .map(AuditRow::into_record)
+            .collect()
+    }
+
+    async fn audit_groups(&self, filter: &AuditFilter, keys: &[GroupKey]) -> StoreResult<Vec<AuditGroup>> {
+        // SQLite compares text bytewise by default, as PostgreSQL's `COLLATE "C"` does.
+        sql::audit_groups_query::<Sqlite>(filter, keys, "")
+            .build()
+            .fetch_all(&self.pool)
+            .await
+            .during("audit_groups")?
+            .iter()
+            .map(|row| sql::audit_group(row, keys.len()))
             .collect()
     }
 

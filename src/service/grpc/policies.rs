@@ -14,7 +14,10 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::store::{ActivateOutcome, NewPolicy, PublishOutcome, Store, StoreError, StoredPolicy};
+use crate::store::{
+    ActivateOutcome, Activation, Actor, CounterKey, NewPolicy, PublishOutcome, Store, StoreError,
+    StoredPolicy,
+};
 use crate::telemetry::rpc::policy as traced;
 use capgate_core::access::{effective_diff, Ruleset, Side};
 use capgate_core::policy::{bounded, version_label, Bounds, CompiledPolicy, Diagnostic};
@@ -27,14 +30,24 @@ use crate::wire::convert;
 use crate::wire::proto::policy_service_server::PolicyService;
 use crate::wire::proto::{
     ActivatePolicyRequest, ActivatePolicyResponse, DecisionChange, GetActivePolicyRequest,
-    GetActivePolicyResponse, ListPolicyVersionsRequest, ListPolicyVersionsResponse, PublishPolicyRequest,
-    PublishPolicyResponse,
+    GetActivePolicyResponse, GetPolicyVersionRequest, GetPolicyVersionResponse, ListPolicyActivationsRequest,
+    ListPolicyActivationsResponse, ListPolicyVersionsRequest, ListPolicyVersionsResponse, PolicyActivation,
+    PublishPolicyRequest, PublishPolicyResponse, ResetUsageRequest, ResetUsageResponse,
 };
 
-/// `ListPolicyVersions` without a limit.
+/// `ListPolicyVersions` and `ListPolicyActivations` without a limit.
 const DEFAULT_LIST: u32 = 100;
-/// `ListPolicyVersions` at most.
+/// `ListPolicyVersions` and `ListPolicyActivations` at most.
 const MAX_LIST: u32 = 1000;
+
+/// A listing's limit as asked: 0 is the default, and no more than the most.
+fn list_limit(limit: u32) -> u32 {
+    if limit == 0 {
+        DEFAULT_LIST
+    } else {
+        limit.min(MAX_LIST)
+    }
+}
 
 /// What a publish's answer carries of its diagnostics: the first 100 of each code and 512 KiB of
 /// their text, then one summary per code that was cut. A 100,000-tool catalog was 100,000
@@ -309,11 +322,7 @@ impl<S: Store> PolicyService for Policies<S> {
     ) -> Result<Response<ListPolicyVersionsResponse>, Status> {
         self.state.tokens.authorize(request.metadata(), Role::Admin)?;
         let ListPolicyVersionsRequest { limit } = request.into_inner();
-        let limit = if limit == 0 {
-            DEFAULT_LIST
-        } else {
-            limit.min(MAX_LIST)
-        };
+        let limit = list_limit(limit);
         let store = &self.state.store;
         let active = store
             .active_policy()
@@ -360,8 +369,12 @@ impl<S: Store> PolicyService for Policies<S> {
             }
         };
         let before = self.before().await?;
+        let by = Actor {
+            name: caller.name.clone(),
+            at_ms: now_ms(),
+        };
         match store
-            .activate(revision, expected_active_revision)
+            .activate(revision, expected_active_revision, &by)
             .await
             .map_err(|error| unavailable(&error))?
         {
@@ -388,6 +401,111 @@ impl<S: Store> PolicyService for Policies<S> {
                 }))
             }
         }
+    }
+
+    async fn get_policy_version(
+        &self,
+        request: Request<GetPolicyVersionRequest>,
+    ) -> Result<Response<GetPolicyVersionResponse>, Status> {
+        self.state.tokens.authorize(request.metadata(), Role::Admin)?;
+        let GetPolicyVersionRequest { revision } = request.into_inner();
+        traced(Some(revision), None);
+        let store = &self.state.store;
+        let stored = store
+            .policy(revision)
+            .await
+            .map_err(|error| unavailable(&error))?
+            .ok_or_else(|| Status::not_found(format!("no stored revision {revision}")))?;
+        let active = store
+            .active_policy()
+            .await
+            .map_err(|error| unavailable(&error))?
+            .is_some_and(|active| active.revision == revision);
+        traced(None, Some(&stored.version));
+        let version = policy_version(&stored, active);
+        let StoredPolicy {
+            artifact, catalog, ..
+        } = stored;
+        Ok(Response::new(GetPolicyVersionResponse {
+            version: Some(version),
+            artifact,
+            catalog,
+        }))
+    }
+
+    async fn list_policy_activations(
+        &self,
+        request: Request<ListPolicyActivationsRequest>,
+    ) -> Result<Response<ListPolicyActivationsResponse>, Status> {
+        self.state.tokens.authorize(request.metadata(), Role::Admin)?;
+        let ListPolicyActivationsRequest { limit } = request.into_inner();
+        let activations = self
+            .state
+            .store
+            .activations(list_limit(limit))
+            .await
+            .map_err(|error| unavailable(&error))?
+            .into_iter()
+            .map(|activation| {
+                let Activation {
+                    at_ms,
+                    actor,
+                    kind,
+                    from_revision,
+                    to_revision,
+                } = activation;
+                PolicyActivation {
+                    at: Some(convert::timestamp(at_ms)),
+                    actor,
+                    kind: kind.as_str().to_owned(),
+                    from_revision,
+                    to_revision,
+                }
+            })
+            .collect();
+        Ok(Response::new(ListPolicyActivationsResponse { activations }))
+    }
+
+    async fn reset_usage(
+        &self,
+        request: Request<ResetUsageRequest>,
+    ) -> Result<Response<ResetUsageResponse>, Status> {
+        let caller = self.state.tokens.authorize(request.metadata(), Role::Admin)?;
+        let request = request.into_inner();
+        bounds::reset_usage(&request)?;
+        let ResetUsageRequest {
+            principal_id,
+            capability,
+        } = request;
+        let by = Actor {
+            name: caller.name.clone(),
+            at_ms: now_ms(),
+        };
+        let key = CounterKey {
+            principal_id: &principal_id,
+            capability: &capability,
+        };
+        let reset = self
+            .state
+            .store
+            .reset_usage(key, &by)
+            .await
+            .map_err(|error| unavailable(&error))?;
+        Ok(Response::new(match reset {
+            None => ResetUsageResponse {
+                reset: false,
+                calls: 0,
+                window_start: None,
+            },
+            Some(reading) => {
+                tracing::info!(principal = %principal_id, %capability, calls = reading.calls, by = %caller.name, "usage counter reset");
+                ResetUsageResponse {
+                    reset: true,
+                    calls: reading.calls,
+                    window_start: Some(convert::timestamp(reading.window_start_ms)),
+                }
+            }
+        }))
     }
 }
 
