@@ -252,7 +252,7 @@ impl Index {
         };
         let vocabulary = &self.vocabularies[issuer as usize];
         let mut values = Values::new(vocabulary.values.len());
-        let slots = values.as_mut();
+        let slots = values.slots_mut();
         for (name, value) in &principal.attributes {
             let Some(&slot) = vocabulary.slots.get(name.as_str()) else {
                 continue;
@@ -331,7 +331,7 @@ impl Values {
         }
     }
 
-    fn as_mut(&mut self) -> &mut [u32] {
+    fn slots_mut(&mut self) -> &mut [u32] {
         match self {
             Values::Inline { len, slots } => &mut slots[..usize::from(*len)],
             Values::Spilled(values) => values,
