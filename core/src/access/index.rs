@@ -18,7 +18,8 @@
 //! winner's pointer, account and ceiling).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+
+use rustc_hash::FxBuildHasher;
 
 use super::limits::Rate;
 use super::Grant;
@@ -32,55 +33,11 @@ const ABSENT: u32 = u32::MAX;
 /// with more attribute names spills to the heap.
 const INLINE_SLOTS: usize = 8;
 
-/// FxHash (rustc's hasher): a multiply and a rotate per word. Keys here are
-/// the policy's own ids, looked up once or twice per decision, where SipHash's
-/// resistance to chosen collisions costs more than the rest of the look-up.
-/// Deterministic: no seed.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct FxHasher {
-    hash: u64,
-}
-
-impl FxHasher {
-    const K: u64 = 0xf135_7aea_2e62_a9c5;
-
-    fn add(&mut self, word: u64) {
-        self.hash = (self.hash ^ word).wrapping_mul(Self::K);
-    }
-}
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(chunk);
-            self.add(u64::from_le_bytes(word));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut word = [0u8; 8];
-            word[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(word));
-        }
-    }
-
-    fn write_u8(&mut self, byte: u8) {
-        self.add(u64::from(byte));
-    }
-
-    fn write_usize(&mut self, value: usize) {
-        self.add(value as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        // The multiply leaves the best bits at the top; the table indexes by the bottom ones.
-        self.hash.rotate_left(26)
-    }
-}
-
-/// A hash map keyed by the policy's ids, with `FxHasher`.
-pub(crate) type IdMap<V> = HashMap<Box<str>, V, BuildHasherDefault<FxHasher>>;
+/// A hash map keyed by the policy's ids, hashed with FxHash (rustc's hasher,
+/// the `rustc-hash` crate): keys are the policy's own ids, looked up once or
+/// twice per decision, where SipHash's resistance to chosen collisions costs
+/// more than the rest of the look-up. Deterministic: no seed.
+pub(crate) type IdMap<V> = HashMap<Box<str>, V, FxBuildHasher>;
 
 /// The attribute names one issuer's grants select on and, per name, the
 /// values they require: a name's slot and a value's number are its position
@@ -179,7 +136,7 @@ impl Index {
         }
 
         // Each grant's selector as pairs, and its account as a number.
-        let mut accounts: HashMap<&str, u32, BuildHasherDefault<FxHasher>> = HashMap::default();
+        let mut accounts: HashMap<&str, u32, FxBuildHasher> = HashMap::default();
         let mut lists: Vec<BTreeMap<u32, Vec<u32>>> = vec![BTreeMap::new(); capabilities];
         let mut selectors: Vec<Vec<(u32, u32)>> = Vec::with_capacity(grants.len());
         for (at, grant) in grants.iter().enumerate() {
