@@ -1,8 +1,11 @@
 //! Benchmarks of the decision path and the compiler on generated policies
 //! (see `benches/support`): one decision (indexed and, as the baseline, the
 //! linear scan), a listing, and compiling end to end with its parse and
-//! schema stages on their own. `docs/benchmarks.md` has the figures and how
-//! to reproduce them.
+//! schema stages on their own; then the same questions on a stream of
+//! requests from thousands of rotating principals over overlapping grants
+//! (`benches/support/stream.rs`), where neither the principal nor its
+//! candidate grants are hot in cache. `docs/benchmarks.md` has the figures
+//! and how to reproduce them.
 
 mod support;
 
@@ -13,6 +16,7 @@ use capgate_core::policy::{compile, schema, Document, Severity};
 use capgate_core::principals::Principal;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 
+use support::stream::{self, Stream};
 use support::Generated;
 
 /// Grant counts the decision and listing benchmarks run at.
@@ -199,5 +203,105 @@ fn compiling(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, decisions_and_listings, compiling);
+/// Requests in a benchmarked stream: four per principal on average, so that
+/// consecutive decisions rarely share a principal or candidate grants.
+const STREAM: usize = 8_192;
+
+/// Builds the stream at `grants` and checks, before measuring anything, that
+/// the index and the scan decide every request alike.
+fn stream_fixture(grants: usize) -> Stream {
+    let stream = stream::build(grants, stream::PRINCIPALS, STREAM, support::SEED);
+    let mut allowed = 0;
+    let mut codes: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for n in 0..stream.requests.len() {
+        let (principal, capability) = stream.request(n);
+        let fast = evaluate(&stream.ruleset, principal, capability, AT, Usage::NotConsulted);
+        let slow = evaluate_linear(&stream.ruleset, principal, capability, AT, Usage::NotConsulted);
+        assert_eq!(fast, slow, "{principal:?} `{capability}`");
+        allowed += usize::from(fast.is_allow());
+        *codes.entry(fast.reason().code.as_str()).or_default() += 1;
+    }
+    let (per_pair, per_request) = stream.candidates();
+    eprintln!(
+        "stream {grants}: {} bytes, {} principals, {} requests, {:.1} % allowed {codes:?}; \
+         {per_pair:.1} candidates per (issuer, capability), {per_request:.1} per request",
+        stream.bytes,
+        stream.principals.len(),
+        stream.requests.len(),
+        100.0 * allowed as f64 / stream.requests.len() as f64,
+    );
+    stream
+}
+
+fn streams(c: &mut Criterion) {
+    let fixtures: Vec<Stream> = SIZES.iter().map(|&n| stream_fixture(n)).collect();
+
+    for f in &fixtures {
+        let mut group = c.benchmark_group(format!("stream/{}", f.grants));
+        // One iteration is one decision: the next request of the stream, so
+        // the figure is per decision and every request is visited in turn.
+        let mut next = 0;
+        group.bench_function("indexed", |b| {
+            b.iter(|| {
+                let (principal, capability) = f.request(next);
+                next = (next + 1) % f.requests.len();
+                evaluate(
+                    &f.ruleset,
+                    black_box(principal),
+                    black_box(capability),
+                    AT,
+                    Usage::NotConsulted,
+                )
+                .is_allow()
+            })
+        });
+        group.bench_function("linear", |b| {
+            b.iter(|| {
+                let (principal, capability) = f.request(next);
+                next = (next + 1) % f.requests.len();
+                evaluate_linear(
+                    &f.ruleset,
+                    black_box(principal),
+                    black_box(capability),
+                    AT,
+                    Usage::NotConsulted,
+                )
+                .is_allow()
+            })
+        });
+        group.finish();
+    }
+
+    for f in &fixtures {
+        let mut group = c.benchmark_group(format!("stream_listing/{}", f.grants));
+        // The linear listing at 10k grants takes milliseconds an iteration.
+        group.sample_size(20);
+        let mut next = 0;
+        group.bench_function("indexed", |b| {
+            b.iter(|| {
+                let principal = &f.principals[next];
+                next = (next + 1) % f.principals.len();
+                visible(&f.ruleset, black_box(principal), AT).len()
+            })
+        });
+        group.bench_function("linear", |b| {
+            b.iter(|| {
+                let principal = &f.principals[next];
+                next = (next + 1) % f.principals.len();
+                visible_linear(&f.ruleset, black_box(principal)).len()
+            })
+        });
+        group.finish();
+    }
+
+    let text = stream::policy(10_000, support::SEED).text;
+    let mut group = c.benchmark_group("stream_compile/10000");
+    group.sample_size(10);
+    group.bench_function("end_to_end", |b| {
+        b.iter(|| compile(black_box(text.as_bytes()), None))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, decisions_and_listings, compiling, streams);
 criterion_main!(benches);

@@ -16,6 +16,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+pub mod stream;
+
 /// Seed of every generated artifact: same size, same text, every run.
 pub const SEED: u64 = 0x5eed_cab6_a7e0_2024;
 

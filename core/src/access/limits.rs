@@ -52,8 +52,26 @@ pub struct Standing {
     pub resets_at: Instant,
 }
 
+/// A ceiling as the "most restrictive" order reads it: the number of calls and
+/// the window, without `per`'s spelling. The decision index keeps one per
+/// candidate grant, so the decision loop never reads the grant itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Rate {
+    calls: u64,
+    window_ms: u64,
+}
+
+impl Rate {
+    pub(crate) fn of(limits: &Limits) -> Rate {
+        Rate {
+            calls: limits.calls,
+            window_ms: limits.window_ms,
+        }
+    }
+}
+
 /// Compares rates `calls / window_ms`; no ceiling is an infinite rate.
-fn rate_order(a: Option<&Limits>, b: Option<&Limits>) -> Ordering {
+fn rate_order(a: Option<Rate>, b: Option<Rate>) -> Ordering {
     match (a, b) {
         (None, None) => Ordering::Equal,
         (None, Some(_)) => Ordering::Greater,
@@ -66,20 +84,25 @@ fn rate_order(a: Option<&Limits>, b: Option<&Limits>) -> Ordering {
     }
 }
 
-fn window_order(a: Option<&Limits>, b: Option<&Limits>) -> Ordering {
-    let window = |limits: Option<&Limits>| limits.map_or(u128::MAX, |l| u128::from(l.window_ms));
+fn window_order(a: Option<Rate>, b: Option<Rate>) -> Ordering {
+    let window = |rate: Option<Rate>| rate.map_or(u128::MAX, |r| u128::from(r.window_ms));
     window(a).cmp(&window(b))
+}
+
+/// `more_restrictive` on rates: the one rule, which both spellings call.
+pub(crate) fn replaces(candidate: Option<Rate>, incumbent: Option<Rate>) -> bool {
+    match rate_order(candidate, incumbent) {
+        Ordering::Less => true,
+        Ordering::Greater => false,
+        Ordering::Equal => window_order(candidate, incumbent) == Ordering::Less,
+    }
 }
 
 /// Whether `candidate` replaces `incumbent` as the most restrictive ceiling:
 /// a strictly lower rate, or an equal rate and a strictly shorter window.
 /// Complete ties keep the incumbent (the earliest grant in file order).
 pub fn more_restrictive(candidate: Option<&Limits>, incumbent: Option<&Limits>) -> bool {
-    match rate_order(candidate, incumbent) {
-        Ordering::Less => true,
-        Ordering::Greater => false,
-        Ordering::Equal => window_order(candidate, incumbent) == Ordering::Less,
-    }
+    replaces(candidate.map(Rate::of), incumbent.map(Rate::of))
 }
 
 /// Whether `after` is a looser ceiling than `before` (the effective diff's

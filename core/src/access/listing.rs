@@ -2,7 +2,7 @@
 //! declared capability with usage not consulted. Visibility is not a separate
 //! filter that could drift from authorisation.
 
-use super::{evaluate, CapabilityRule, Decision, Instant, Limits, Ruleset, Usage};
+use super::{CapabilityRule, Decision, Instant, Limits, Ruleset, Usage};
 use crate::accounts::AccountRef;
 use crate::principals::Principal;
 
@@ -19,12 +19,18 @@ pub struct VisibleCapability<'a> {
 
 /// The capabilities `principal` may see, in declaration order. Ceilings are
 /// not consulted, so a `calls: 0` grant still lists its tools.
+///
+/// The decision for each is `evaluate`'s on the capability's id, taken by its
+/// position instead (no look-up by id) and with the principal interned once
+/// for the whole listing.
 pub fn visible<'a>(ruleset: &'a Ruleset, principal: &Principal, at: Instant) -> Vec<VisibleCapability<'a>> {
+    let prepared = ruleset.prepare(principal);
     ruleset
         .capabilities()
         .iter()
-        .filter_map(|capability| {
-            match evaluate(ruleset, principal, &capability.id, at, Usage::NotConsulted) {
+        .enumerate()
+        .filter_map(
+            |(index, capability)| match prepared.decide_at(index, at, Usage::NotConsulted) {
                 Decision::Allow(allow) => Some(VisibleCapability {
                     capability,
                     account: allow.account,
@@ -32,7 +38,7 @@ pub fn visible<'a>(ruleset: &'a Ruleset, principal: &Principal, at: Instant) -> 
                     path: allow.reason.path,
                 }),
                 Decision::Deny(_) => None,
-            }
-        })
+            },
+        )
         .collect()
 }

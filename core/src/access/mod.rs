@@ -10,6 +10,7 @@
 mod decision;
 mod diff;
 mod evaluate;
+mod index;
 mod limits;
 mod listing;
 mod ruleset;
@@ -17,7 +18,7 @@ mod who_can;
 
 pub use decision::{Allow, Decision, Reason, ReasonCode};
 pub use diff::{effective_diff, representatives, Change, ChangeKind, Side, Summary};
-pub use evaluate::{evaluate, evaluate_linear};
+pub use evaluate::{evaluate, evaluate_linear, evaluate_prepared, Prepared};
 pub use limits::{is_looser, more_restrictive, Limits, Standing};
 pub use listing::{visible, VisibleCapability};
 pub use ruleset::{CapabilityRule, Grant, Ruleset, CAPABILITIES_ANCHOR, GRANTS_ANCHOR};

@@ -1,9 +1,9 @@
 //! The ruleset: the projection of a compiled policy that evaluation consumes
-//! (policy-core §2.5), with what a decision needs precomputed so that
-//! evaluating is index lookups, not scans.
+//! (policy-core §2.5), with what a decision needs precomputed (the decision
+//! index, `index.rs`) so that evaluating is index lookups, not scans.
 
-use std::collections::HashMap;
-
+use super::evaluate::Prepared;
+use super::index::{IdMap, Index};
 use super::Limits;
 use crate::accounts::AccountRef;
 use crate::principals::Principal;
@@ -62,45 +62,35 @@ pub struct Ruleset {
     capabilities: Vec<CapabilityRule>,
     grants: Vec<Grant>,
     /// Capability id → index of its first declaration.
-    by_capability: HashMap<String, usize>,
-    /// Per capability index: issuer → the grants naming it, in file order.
-    candidates: Vec<HashMap<String, Box<[u32]>>>,
+    by_capability: IdMap<usize>,
+    /// Per capability index: the index of the first declaration of its id
+    /// (itself, unless the id is declared twice), which is what a decision on
+    /// that id reads.
+    first_declaration: Vec<usize>,
+    /// Per capability index and issuer, the candidate grants in file order.
+    index: Index,
 }
 
 impl Ruleset {
     pub fn new(capabilities: Vec<CapabilityRule>, grants: Vec<Grant>) -> Self {
-        let mut by_capability = HashMap::with_capacity(capabilities.len());
+        let mut by_capability = IdMap::default();
+        by_capability.reserve(capabilities.len());
         for (index, capability) in capabilities.iter().enumerate() {
-            by_capability.entry(capability.id.clone()).or_insert(index);
+            by_capability
+                .entry(Box::from(capability.id.as_str()))
+                .or_insert(index);
         }
-        let mut building: Vec<HashMap<String, Vec<u32>>> = vec![HashMap::new(); capabilities.len()];
-        for (index, grant) in grants.iter().enumerate() {
-            let index = u32::try_from(index).unwrap_or(u32::MAX);
-            for named in &grant.capabilities {
-                let Some(&capability) = by_capability.get(named) else {
-                    continue;
-                };
-                let list = building[capability].entry(grant.issuer.clone()).or_default();
-                // A grant listing the same capability twice is one candidate.
-                if list.last() != Some(&index) {
-                    list.push(index);
-                }
-            }
-        }
-        let candidates = building
-            .into_iter()
-            .map(|by_issuer| {
-                by_issuer
-                    .into_iter()
-                    .map(|(issuer, list)| (issuer, list.into_boxed_slice()))
-                    .collect()
-            })
+        let first_declaration = capabilities
+            .iter()
+            .map(|capability| by_capability[capability.id.as_str()])
             .collect();
+        let index = Index::new(capabilities.len(), &grants, |id| by_capability.get(id).copied());
         Ruleset {
             capabilities,
             grants,
             by_capability,
-            candidates,
+            first_declaration,
+            index,
         }
     }
 
@@ -118,11 +108,19 @@ impl Ruleset {
         Some((index, &self.capabilities[index]))
     }
 
-    /// The grants of `issuer` that name the capability at `index`, in file order.
-    pub(crate) fn candidates(&self, index: usize, issuer: &str) -> &[u32] {
-        self.candidates
-            .get(index)
-            .and_then(|by_issuer| by_issuer.get(issuer))
-            .map_or(&[], |list| list)
+    /// The principal made ready for any number of decisions on this ruleset:
+    /// its attributes are looked up and interned once, here, instead of in
+    /// every decision (`evaluate_prepared`).
+    pub fn prepare(&self, principal: &Principal) -> Prepared<'_> {
+        Prepared::new(self, self.index.intern(principal))
+    }
+
+    /// The index of the first declaration of the capability declared at `index`.
+    pub(crate) fn first_declaration(&self, index: usize) -> usize {
+        self.first_declaration[index]
+    }
+
+    pub(crate) fn index(&self) -> &Index {
+        &self.index
     }
 }

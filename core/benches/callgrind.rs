@@ -1,0 +1,101 @@
+//! Decides a stream of requests once, for `valgrind --tool=callgrind`:
+//! instruction counts do not depend on what else the machine is doing, so they
+//! compare two versions of the code where timings on a shared machine cannot.
+//!
+//! Arguments (after cargo's own `--bench`): grants (1000 or 10000), what to
+//! run (`indexed`, `linear`, `listing` or `compile`) and how many requests
+//! (or listings, or compiles). Only `decide_stream`, `list_stream` and
+//! `compile_stream` are worth counting; collect one alone with
+//! `--toggle-collect='*decide_stream*'` (or `*list_stream*`, `*compile_stream*`)
+//! and divide the total by the count. docs/benchmarks.md has the command.
+
+// The fixed-policy generator in `support` serves the criterion benchmark only.
+#[allow(dead_code)]
+mod support;
+
+use std::hint::black_box;
+
+use capgate_core::access::{evaluate, evaluate_linear, visible, Decision, Instant, Ruleset, Usage};
+use capgate_core::principals::Principal;
+
+use support::stream::{self, Stream};
+
+type Evaluator = for<'a> fn(&'a Ruleset, &Principal, &'a str, Instant, Usage) -> Decision<'a>;
+
+/// Decides the first `count` requests of the stream (cycling), returning how many were allowed.
+#[inline(never)]
+fn decide_stream(stream: &Stream, count: usize, evaluator: Evaluator) -> usize {
+    (0..count)
+        .filter(|&n| {
+            let (principal, capability) = stream.request(n % stream.requests.len());
+            evaluator(
+                &stream.ruleset,
+                black_box(principal),
+                black_box(capability),
+                0,
+                Usage::NotConsulted,
+            )
+            .is_allow()
+        })
+        .count()
+}
+
+/// Lists the capabilities of `count` principals in turn, returning how many were shown in all.
+#[inline(never)]
+fn list_stream(stream: &Stream, count: usize) -> usize {
+    (0..count)
+        .map(|n| {
+            visible(
+                &stream.ruleset,
+                black_box(&stream.principals[n % stream.principals.len()]),
+                0,
+            )
+            .len()
+        })
+        .sum()
+}
+
+/// Compiles the stream's artifact `count` times, returning the grants of the last ruleset.
+#[inline(never)]
+fn compile_stream(text: &str, count: usize) -> usize {
+    let mut grants = 0;
+    for _ in 0..count {
+        let compilation = capgate_core::policy::compile(black_box(text.as_bytes()), None);
+        grants = compilation
+            .policy
+            .map_or(0, |policy| policy.ruleset.grants().len());
+    }
+    grants
+}
+
+// The core's clippy.toml bans reading the environment so that the library stays pure; a bench
+// binary's command line is its only input, and the library never sees it.
+#[allow(clippy::disallowed_methods)]
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let number = |at: usize, default: usize| {
+        args.get(at).map_or(default, |a| {
+            a.parse().unwrap_or_else(|_| panic!("`{a}` is not a count"))
+        })
+    };
+    let grants = number(0, 10_000);
+    let what = args.get(1).map_or("indexed", String::as_str);
+    let count = number(2, 10_000);
+    if what == "compile" {
+        let text = stream::policy(grants, support::SEED).text;
+        let result = compile_stream(&text, count);
+        println!("compile at {grants} grants: {count} runs, result {result}");
+        return;
+    }
+    let stream = stream::build(grants, stream::PRINCIPALS, 8_192, support::SEED);
+    let result = match what {
+        "indexed" => decide_stream(&stream, count, evaluate),
+        "linear" => decide_stream(&stream, count, evaluate_linear),
+        "listing" => list_stream(&stream, count),
+        other => panic!("`{other}` is not one of `indexed`, `linear`, `listing`, `compile`"),
+    };
+    println!("{what} at {grants} grants: {count} runs, result {result}");
+}
