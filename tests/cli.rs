@@ -1,7 +1,7 @@
 //! The `capgate` binary, run for real on `examples/` and `tests/fixtures/cli/`
 //! (ruff's `tests/cli` style): each case snapshots the exit code, stdout and
-//! stderr together, and asserts the facts the spec fixes (cli.md, the §4.11
-//! worked examples of policy-core.md) so that a wrong snapshot cannot be
+//! stderr together, and asserts the facts the spec fixes (cli.md, docs/reference.md's
+//! worked examples) so that a wrong snapshot cannot be
 //! accepted by accident.
 //!
 //! Command lines are written as a shell would read them (words split on
@@ -248,7 +248,7 @@ fn validate_an_empty_document_has_no_position() {
     );
 }
 
-// ── explain: the worked examples of policy-core §4.11 ───────────────────────
+// ── explain: the worked examples of docs/reference.md#worked-examples ───────────────────────
 
 /// One row of the §4.11 table: principal and capability, the usage flags,
 /// then the expected outcome, code, path, subject, account and `(calls, per)`.

@@ -3,7 +3,7 @@
 //! local OIDC provider over loopback HTTP for `oidc`, keys by `env://` and
 //! `file://` for `static-key`, forwarded DNs for `mtls` — and never lets a
 //! presented credential or a secret reach audit rows, logs, traces, metrics,
-//! responses or errors (policy-core §5 property 7): the sentinel test runs the
+//! responses or errors (docs/reference.md#decisions property 7): the sentinel test runs the
 //! server with OTLP export to a real receiver (tests/support/otlp.rs) and
 //! Prometheus text on.
 

@@ -1,7 +1,7 @@
 //! A real outage: the server reaches a real PostgreSQL through a TCP proxy
 //! on loopback (tests/support/proxy.rs), and the test cuts the proxy — open
 //! connections drop, new ones hang unanswered, as in a network partition.
-//! No store is mocked (service.md §4 and §5, docs/decisions/0006):
+//! No store is mocked (docs/service.md and §5, docs/decisions/0006):
 //!
 //! * with an audit spool, a capped call denies `usage_unknown` within the
 //!   store timeout, an uncapped call is still allowed, both are recorded in

@@ -1,5 +1,5 @@
 //! Three `capgate serve` processes on one PostgreSQL database, as a
-//! deployment behind a load balancer runs them (service.md §2 and §4):
+//! deployment behind a load balancer runs them (docs/service.md and §4):
 //!
 //! * many concurrent `Decide` calls, spread over the replicas, against a
 //!   ceiling of L: exactly L allows, every other answer `limit_exhausted`,
@@ -198,7 +198,7 @@ const IDS: usize = 20;
 /// Concurrent copies of each, spread over the replicas (two per replica).
 const COPIES: usize = 6;
 
-/// `request_id` idempotency holds across replicas (service.md §4): copies of one request sent
+/// `request_id` idempotency holds across replicas (docs/service.md): copies of one request sent
 /// at once to different replicas give one decision, consume at most one call, and every copy
 /// gets that decision. Without a claim in the shared store each replica decided on its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -760,7 +760,7 @@ async fn a_zero_ceiling_takes_nothing<S: Store>(store: S) {
     assert_eq!(store.read_usage(key).await.expect("read"), None);
 }
 
-/// The property of service.md §4: across replicas and any concurrency, the
+/// The property of docs/service.md: across replicas and any concurrency, the
 /// allows in one window never exceed the ceiling — and every call up to it is
 /// granted once.
 async fn the_ceiling_holds_under_concurrency<S: Store>(store: S, replica: S) {

@@ -1,4 +1,4 @@
-//! Telemetry of `capgate serve`, end to end (service.md §7, docs/operations.md "Telemetry"): a real
+//! Telemetry of `capgate serve`, end to end (docs/service.md, docs/operations.md "Telemetry"): a real
 //! `serve` process exports over OTLP/gRPC to a real receiver (tests/support/otlp.rs: a tonic
 //! server implementing the collector's `TraceService` and `MetricsService` from
 //! `opentelemetry-proto`) and serves Prometheus text that is scraped over real HTTP.

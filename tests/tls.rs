@@ -1,4 +1,4 @@
-//! TLS and mutual TLS on a real `capgate serve` process (service.md §6):
+//! TLS and mutual TLS on a real `capgate serve` process (docs/service.md):
 //! `--tls-cert`/`--tls-key` serve TLS, `--tls-client-ca` requires a client
 //! certificate signed by that CA. The certificates are made here, per test:
 //! a CA that signs the server's certificate and a client's, and another CA

@@ -9,7 +9,7 @@
 //!
 //! To add a fixture: drop the YAML in the folder, run
 //! `INSTA_UPDATE=always cargo test --test compile_fixtures`, then read the new
-//! snapshot against policy-core §2 before committing it.
+//! snapshot against docs/reference.md#compilation before committing it.
 
 // The fixtures and snapshots are files: this test reads the filesystem on purpose.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]

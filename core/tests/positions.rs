@@ -1,4 +1,4 @@
-//! Where a pointer lands (policy-core §4.5): the start of the value node it
+//! Where a pointer lands (docs/reference.md#pointers-and-positions): the start of the value node it
 //! designates, one row per YAML shape. `check(text, pointer, expected)` with
 //! `expected` as `line:column`, or `-` for no position (an empty value, or a
 //! pointer to nothing).

@@ -1,4 +1,4 @@
-//! The properties of policy-core §5 (1–6), on generated artifacts and
+//! The properties of docs/reference.md#decisions (1–6), on generated artifacts and
 //! generated principals, plus "the index agrees with the scan".
 //!
 //! Artifacts are generated as a small model (issuers of the three kinds with

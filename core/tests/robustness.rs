@@ -1,5 +1,5 @@
 //! Hostile input never crashes the compiler or the catalog loader
-//! (policy-core §1.1: "Never a crash, never unbounded memory or recursion").
+//! (docs/reference.md#parsing: "Never a crash, never unbounded memory or recursion").
 //!
 //! Generated: arbitrary bytes, YAML-ish text from a grammar of YAML's
 //! punctuation (indentation, `-`, `:`, flow brackets, quotes, anchors,

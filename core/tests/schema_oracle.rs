@@ -2,7 +2,7 @@
 //! through `compile`) against an independent JSON Schema implementation — the
 //! `jsonschema` crate running the printed schema (`SCHEMA_JSON`), draft
 //! 2020-12 with `format: uri` asserted — on generated artifacts near the
-//! schema's boundary (policy-core §1.2–§1.6).
+//! schema's boundary (docs/reference.md#top-level-sections).
 //!
 //! Both validators see the same parsed document: ours directly, `jsonschema`
 //! converted to `serde_json`. So the comparison is about validation only; the

@@ -1,5 +1,5 @@
 //! The hand-written lexical matchers of `policy::syntax` against the spec's
-//! regexes (policy-core §1.5, §1.6), compiled with the `regex` crate, on
+//! regexes (docs/reference.md#identifiers-and-other-grammars), compiled with the `regex` crate, on
 //! generated strings.
 //!
 //! The spec's regexes are ECMAScript. Two translations keep them faithful in

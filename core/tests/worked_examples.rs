@@ -1,4 +1,4 @@
-//! The worked examples of policy-core §4.11, row by row, against
+//! The worked examples of docs/reference.md#worked-examples, row by row, against
 //! `examples/policy.yaml` + `examples/catalog.yaml`, and the "edits that would
 //! trigger each compile diagnostic" listed at the bottom of the example.
 //!

@@ -1,6 +1,6 @@
 //! `capgate visible`: the listing question (`ListVisible`) — the same
 //! evaluation per declared capability with usage not consulted, and the
-//! catalog tools that realise what is allowed (policy-core §4.10).
+//! catalog tools that realise what is allowed (docs/reference.md#listings).
 //!
 //! No `--at`: ceilings are not consulted in a listing, so time cannot matter.
 

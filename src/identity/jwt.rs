@@ -20,7 +20,7 @@
 //! 4. the claims: `iss` equals the expected issuer exactly; `aud` (a string or an array) contains the
 //!    expected audience when one is configured; `exp` is required and `exp`/`nbf` are compared with
 //!    `at_ms` with a [`LEEWAY_MS`] allowance for clock skew; `sub` is a string (an empty one passes:
-//!    the core turns it into `credential_missing`, policy-core §3.2). `iat` is not checked.
+//!    the core turns it into `credential_missing`, docs/reference.md#normalisation). `iat` is not checked.
 //!
 //! No error message carries the token or a claim value: they are logged and returned to callers.
 
@@ -132,7 +132,7 @@ pub struct Expected<'a> {
 pub struct Verified {
     /// The `sub` claim, as written (possibly empty: the core decides what an empty subject means).
     pub subject: String,
-    /// Every claim of the payload, for the issuer's `claim:` attribute mapping (policy-core §1.9).
+    /// Every claim of the payload, for the issuer's `claim:` attribute mapping (docs/reference.md#issuers-and-attribute-mappings).
     pub claims: Map<String, Value>,
 }
 
@@ -164,7 +164,7 @@ pub enum JwtError {
 }
 
 impl JwtError {
-    /// The authentication problem a caller is told about (policy-core §3.2). Only an expired token
+    /// The authentication problem a caller is told about (docs/reference.md#normalisation). Only an expired token
     /// is `credential_expired`; an unknown key is `credential_invalid` too, because the key set was
     /// refreshed before the token was refused (jwks.rs).
     pub fn problem(&self) -> AuthProblem {

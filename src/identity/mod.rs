@@ -1,7 +1,7 @@
 //! Identity at the service: turning a caller's own credential — a bearer
 //! JWT, a static API key, or a client-certificate DN forwarded by a TLS
-//! terminator — into the principal the core evaluates (policy-core §1.9,
-//! §3.2).
+//! terminator — into the principal the core evaluates (docs/reference.md#issuers-and-attribute-mappings
+//! and #normalisation).
 //!
 //! This module picks the issuer and reads what a verified credential says;
 //! `jwt` checks signatures and standard claims against a key set, `jwks`
@@ -78,7 +78,7 @@ impl std::fmt::Debug for Presented<'_> {
 /// The issuers a credential of `kind` may belong to, in declaration order.
 ///
 /// With a hint, exactly that issuer: undeclared, or unable to authenticate
-/// anything (policy-core §3.2 step 1), is `issuer_unknown`; declared but of
+/// anything (docs/reference.md#normalisation step 1), is `issuer_unknown`; declared but of
 /// another kind (an API key sent for an `oidc` issuer) is `credential_invalid`:
 /// the issuer exists, the credential is not one it accepts.
 /// Without one, every declared issuer of that kind that can authenticate;

@@ -1,6 +1,6 @@
 //! The active policy of this replica: the compiled version every request
 //! decides on, swapped atomically when the store says another version is
-//! active (service.md §2).
+//! active (docs/service.md).
 //!
 //! A request takes an `Arc` of the active version once and decides on it to
 //! the end, so a swap in the middle of a request changes nothing for it; the

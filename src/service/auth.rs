@@ -1,4 +1,4 @@
-//! Who may call the service (service.md §6): bearer tokens in the
+//! Who may call the service (docs/service.md): bearer tokens in the
 //! `authorization` metadata, compared in constant time, and two roles.
 //!
 //! | call | gateway token | asserting gateway token | admin token |

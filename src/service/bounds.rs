@@ -1,4 +1,4 @@
-//! Input bounds (service.md §6): every string and list a caller sends has a
+//! Input bounds (docs/service.md): every string and list a caller sends has a
 //! documented limit, checked before any work; a request over one gets
 //! `INVALID_ARGUMENT` with a `google.rpc.BadRequest` naming each offending
 //! field (and the message names the first). The transport caps the encoded

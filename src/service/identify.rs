@@ -1,6 +1,6 @@
 //! Who is calling: a `Decide` or `ListVisible` caller, asserted by a trusted
 //! gateway or presented as the caller's own credential, turned into the
-//! principal the decision is about (policy-core §1.9, §3.2; service.md §3).
+//! principal the decision is about (docs/reference.md#issuers-and-attribute-mappings; docs/service.md).
 //!
 //! | caller | answer |
 //! |---|---|
@@ -158,7 +158,7 @@ async fn credential(
     })
 }
 
-/// The asserted principal, normalised as policy-core §3.2 says, without a
+/// The asserted principal, normalised as docs/reference.md#normalisation says, without a
 /// static-key issuer's literal defaults: an asserted principal carries what
 /// the gateway asserted. A name given twice, or with two values, gives no
 /// attribute.

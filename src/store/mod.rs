@@ -2,7 +2,7 @@
 //! versions, usage counters, the audit trail, idempotency keys — behind one
 //! trait with two real implementations, PostgreSQL (production, many
 //! replicas) and SQLite (the embedded default: one replica, a laptop, an
-//! edge box). Nothing else holds state (service.md §1).
+//! edge box). Nothing else holds state (docs/service.md).
 //!
 //! [`connect`] opens the store a URL names as an [`AnyStore`], which is a
 //! `Store` itself: code that only calls the port takes `S: Store` and is
@@ -187,7 +187,7 @@ fn scrub(error: sqlx::Error) -> sqlx::Error {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
-/// A stored policy version (service.md §2).
+/// A stored policy version (docs/service.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredPolicy {
     /// Monotonic, assigned by the store, starting at 1. PostgreSQL may skip
@@ -429,7 +429,7 @@ impl<'de> serde::Deserialize<'de> for RecordCode {
     }
 }
 
-/// One audit record (service.md §5). Never holds a credential, a secret or
+/// One audit record (docs/service.md). Never holds a credential, a secret or
 /// tool arguments. Its JSON form (the spool, `capgate audit --json`) is the
 /// serde one: the column names, in table order.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]

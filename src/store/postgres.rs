@@ -1,5 +1,5 @@
 //! The PostgreSQL store: production, and every deployment with more than one
-//! replica (service.md §1).
+//! replica (docs/service.md).
 //!
 //! Replicas share nothing but this database, so every rule that must hold
 //! across them is enforced here, by the database: the active pointer is one

@@ -1,5 +1,5 @@
 //! The SQLite store: the embedded default for a single replica, a laptop, an
-//! edge box (service.md §1). Same tables and same behaviour as PostgreSQL.
+//! edge box (docs/service.md). Same tables and same behaviour as PostgreSQL.
 //!
 //! SQLite lets one writer in at a time. The database runs in WAL mode, so
 //! readers never wait for the writer, and every connection has a busy
@@ -96,7 +96,7 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(BUSY_TIMEOUT)
             // INVARIANT: no decision is returned before its audit record is
-            // durable (service.md §5). In WAL mode, `NORMAL` may lose the last
+            // durable (docs/service.md). In WAL mode, `NORMAL` may lose the last
             // commits on power loss; `FULL` syncs the log at every commit,
             // which the server's group commit amortises.
             .synchronous(SqliteSynchronous::Full)

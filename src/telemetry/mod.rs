@@ -1,4 +1,4 @@
-//! Telemetry for `capgate serve` (spec service.md §7): `tracing` logs on standard error, human or
+//! Telemetry for `capgate serve` (docs/service.md): `tracing` logs on standard error, human or
 //! JSON; with `--otlp-endpoint`, OpenTelemetry traces and metrics over OTLP/gRPC; with
 //! `--metrics-listen`, the same metrics as Prometheus text. docs/operations.md ("Telemetry")
 //! lists every span and metric; docs/decisions/0010-telemetry.md says why it is built this way.

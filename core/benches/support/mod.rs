@@ -11,7 +11,7 @@
 //! INVARIANT: the artifact compiles. Every grant of a given (issuer, domain)
 //! runs as the same account, so no two grants that share an issuer and a
 //! capability disagree on the account and `ambiguous_grant` cannot fire
-//! however the selectors overlap (policy-core §2.4, rule 1).
+//! however the selectors overlap (docs/reference.md#ambiguity, rule 1).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -1,4 +1,4 @@
-//! The decision and its reason (policy-core §4.3, §4.9).
+//! The decision and its reason (docs/reference.md#reason-codes).
 
 use super::Limits;
 use crate::accounts::AccountRef;

@@ -1,4 +1,4 @@
-//! `evaluate` (policy-core §4.2): the first failing step decides. Deny is the
+//! `evaluate` (docs/reference.md#the-steps): the first failing step decides. Deny is the
 //! structural default — every early exit is a denial with its reason, and
 //! reaching the allow means passing every step.
 

@@ -1,4 +1,4 @@
-//! Ceilings and the "most restrictive" order (policy-core §4.6, seed 0013):
+//! Ceilings and the "most restrictive" order (docs/reference.md#the-winning-grant):
 //! lower calls-per-time wins; equal rates go to the shorter window; any
 //! ceiling beats none. Rates are compared exactly, in 128-bit integers.
 

@@ -1,4 +1,4 @@
-//! Listing (policy-core §4.10): *the same function*, applied to every
+//! Listing (docs/reference.md#listings): *the same function*, applied to every
 //! declared capability with usage not consulted. Visibility is not a separate
 //! filter that could drift from authorisation.
 

@@ -1,4 +1,4 @@
-//! Access: *is it allowed, and why?* The pure evaluation (policy-core §4):
+//! Access: *is it allowed, and why?* The pure evaluation (docs/reference.md#decisions):
 //! a function of (ruleset, principal, capability, at, usage) to a `Decision`
 //! that always carries a reason — a closed code, a pointer into the artifact
 //! and a subject.
@@ -27,7 +27,7 @@ pub use who_can::{who_can, Reach};
 /// Milliseconds since the Unix epoch, captured by the caller.
 pub type Instant = i64;
 
-/// The counter state for the ceiling check (policy-core §4.7, seed 0014).
+/// The counter state for the ceiling check (docs/reference.md#inputs-and-usage).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Usage {
     /// Ceilings are not evaluated (listings, the effective diff, `--usage none`).

@@ -1,5 +1,5 @@
 //! The ruleset: the projection of a compiled policy that evaluation consumes
-//! (policy-core §2.5), with what a decision needs precomputed (the decision
+//! (docs/reference.md#compilation), with what a decision needs precomputed (the decision
 //! index, `index.rs`) so that evaluating is index lookups, not scans.
 
 use super::evaluate::Prepared;
@@ -38,7 +38,7 @@ pub struct Grant {
 }
 
 impl Grant {
-    /// Selector semantics (policy-core §3.1): same issuer, and every selector
+    /// Selector semantics (docs/reference.md#grants): same issuer, and every selector
     /// pair present in the principal with exactly that value.
     pub fn matches(&self, principal: &Principal) -> bool {
         self.issuer == principal.issuer && self.selects(principal)

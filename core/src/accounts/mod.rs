@@ -1,7 +1,7 @@
 //! Accounts: *as which account* does a call run? An account is an opaque
 //! handle to an execution identity. The core never holds secret material,
 //! only a reference (`vault://…`, `env://…`) that a gateway resolves after an
-//! allow (policy-core §1.8).
+//! allow (docs/reference.md#accounts-and-secret-references).
 //!
 //! Architecture invariant: nothing here shares a type with `principals`. Who
 //! invokes and what account a call runs as can never be confused.

@@ -1,4 +1,4 @@
-//! The declared catalog (policy-core §1.11) and the tool index built from it:
+//! The declared catalog (docs/reference.md#the-declared-catalog) and the tool index built from it:
 //! exposed name → tool, and which tools a set of capabilities makes visible
 //! (§4.10 step 3).
 

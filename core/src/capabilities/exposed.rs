@@ -1,4 +1,4 @@
-//! Exposed tool names (policy-core §2.6): always `<upstream>__<tool>`.
+//! Exposed tool names (docs/reference.md#upstreams-tools-and-exposed-names): always `<upstream>__<tool>`.
 //! Upstream ids cannot contain `_`, so the first `__` splits unambiguously
 //! even when the tool name itself contains `__`.
 

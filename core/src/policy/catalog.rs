@@ -1,4 +1,4 @@
-//! Loading a declared catalog file (policy-core §1.11). A bad catalog is an
+//! Loading a declared catalog file (docs/reference.md#the-declared-catalog). A bad catalog is an
 //! error, never "no tools": a catalog that silently degraded to empty would
 //! make every mapping look unmapped, or every tool invisible.
 

@@ -1,4 +1,4 @@
-//! The compile pipeline (policy-core §2.1): parse → schema → semantic checks.
+//! The compile pipeline (docs/reference.md#compilation): parse → schema → semantic checks.
 //! A YAML error stops before the schema; a schema error stops before the
 //! semantic checks; any error means no evaluable policy. The parsed document
 //! is kept either way so that pointers resolve to positions.

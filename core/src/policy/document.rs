@@ -1,6 +1,6 @@
 //! The parsed artifact: one YAML 1.2 document (core schema) as a tree of nodes
 //! that remember where their content starts, and RFC 6901 pointer resolution
-//! back to those positions (policy-core §1.1, §4.5).
+//! back to those positions (docs/reference.md#parsing).
 //!
 //! The tree is built from `saphyr-parser` events so that every limit is ours
 //! and exact: duplicate keys, several documents, unknown tags, alias

@@ -1,5 +1,5 @@
 //! Policy: *what was declared?* The v1 artifact (YAML), its compiler and its
-//! diagnostics (policy-core §1–§2). Compiling yields the evaluable policy (if
+//! diagnostics (docs/reference.md#the-artifact). Compiling yields the evaluable policy (if
 //! no error) and every diagnostic, with positions, in the spec's order.
 //!
 //! Architecture invariant: compiling touches nothing outside its input — no

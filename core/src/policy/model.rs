@@ -1,4 +1,4 @@
-//! The compiled model (policy-core §2.5) and how it is read off a document
+//! The compiled model (docs/reference.md#compilation) and how it is read off a document
 //! that satisfied the schema.
 
 use std::collections::{HashMap, HashSet};

@@ -1,5 +1,5 @@
 //! RFC 6901 JSON pointers: how a decision or a diagnostic says *where* in the
-//! artifact (policy-core §4.5). Built from parts with `~` and `/` escaped.
+//! artifact (docs/reference.md#pointers-and-positions). Built from parts with `~` and `/` escaped.
 
 /// Escapes one segment: `~` → `~0`, `/` → `~1`.
 pub fn escape(segment: &str) -> String {

@@ -1,4 +1,4 @@
-//! Schema validation (policy-core §1.2–§1.6): the artifact's JSON Schema,
+//! Schema validation (docs/reference.md#top-level-sections): the artifact's JSON Schema,
 //! checked directly on the parsed document so that every violation carries
 //! the exact granularity, pointer and order the spec fixes — one diagnostic
 //! per failing leaf keyword, deeper paths first, equal depth in document
@@ -17,7 +17,7 @@ use super::{pointer, syntax, Code, Diagnostic, Severity};
 /// The artifact's JSON Schema (draft 2020-12), as printed by `capgate schema`.
 pub const SCHEMA_JSON: &str = include_str!("schema.json");
 
-/// The largest window a `per` may denote: 2^53 ms (policy-core §1.6, ours).
+/// The largest window a `per` may denote: 2^53 ms (docs/reference.md#limits-and-windows, ours).
 pub const MAX_WINDOW_MS: u128 = 1 << 53;
 
 /// The largest `calls` a ceiling may hold: 2^64 − 1, what a counter holds

@@ -1,4 +1,4 @@
-//! The artifact's lexical rules (policy-core §1.5, §1.6): identifiers,
+//! The artifact's lexical rules (docs/reference.md#identifiers-and-other-grammars): identifiers,
 //! capability ids, secret references, durations and URIs. Written as small
 //! matchers rather than regexes so that each ECMAScript subtlety is visible;
 //! `tests/syntax_oracle.rs` checks them against the spec's regexes.

@@ -1,5 +1,5 @@
-//! What a verified credential says, turned into raw attributes (policy-core
-//! §1.9): JWT claims for `oidc` issuers, distinguished-name components for
+//! What a verified credential says, turned into raw attributes (docs/reference.md
+//! #issuers-and-attribute-mappings): JWT claims for `oidc` issuers, distinguished-name components for
 //! `mtls` issuers. Signature checks and key material live at the edge; this
 //! module only reads what the edge already verified, so it stays pure.
 

@@ -27,7 +27,7 @@ impl IssuerKind {
     }
 }
 
-/// A declared issuer, as compiled (policy-core §2.5).
+/// A declared issuer, as compiled (docs/reference.md#compilation).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Issuer {
     pub id: String,
@@ -52,7 +52,7 @@ impl Issuer {
     }
 
     /// Whether the service can authenticate a credential of this issuer
-    /// (policy-core §3.2 step 1): an `oidc` issuer needs `discovery`, a
+    /// (docs/reference.md#normalisation step 1): an `oidc` issuer needs `discovery`, a
     /// `static-key` issuer `subject` and `secret`; `mtls` needs nothing.
     pub fn can_authenticate(&self) -> bool {
         match self.kind {

@@ -1,6 +1,6 @@
 //! Principals: *who calls?* An authenticated identity turned into the form
 //! the policy discriminates on — an issuer, a subject and single-valued
-//! attributes (policy-core §1.9, §3.2).
+//! attributes (docs/reference.md#issuers-and-attribute-mappings).
 //!
 //! Architecture invariant: a `Principal` never carries credential material,
 //! not even a hash; authentication happened at the edge.

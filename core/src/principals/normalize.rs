@@ -1,5 +1,5 @@
 //! Normalisation: from an authenticated issuer, subject and raw attributes to
-//! the `Principal` the policy sees (policy-core §3.2), and the multi-valued
+//! the `Principal` the policy sees (docs/reference.md#normalisation), and the multi-valued
 //! rule shared by claims, DN components and repeated `--attr` (§1.9).
 
 use std::collections::BTreeMap;

@@ -157,10 +157,12 @@ impl<'a> Context<'a> {
                 let path = match (&token.jwks, &self.suite.jwks) {
                     (Some(own), _) => self.suite.folder.join(own),
                     (None, Some(shared)) => shared.clone(),
-                    (None, None) => return Err(Failure::Input(format!(
+                    (None, None) => {
+                        return Err(Failure::Input(format!(
                         "`{}`: a `token` principal needs `jwks`, on the principal or at the top of the file",
                         self.suite.origin
-                    ))),
+                    )))
+                    }
                 };
                 if !self.jwks.contains_key(&path) {
                     let bytes = std::fs::read(&path).map_err(|error| {

@@ -1,4 +1,4 @@
-//! capgate's own door: `capgate.v1.DecisionService` (`Decide`, `ListVisible`; service.md §3–§5),
+//! capgate's own door: `capgate.v1.DecisionService` (`Decide`, `ListVisible`; docs/service.md),
 //! a thin adapter over the decision pipeline. It authenticates the gateway from the call's
 //! metadata, checks the input bounds, converts the request into an [`Ask`], and the pipeline's
 //! answer into the response message. The decision itself is taken in `pipeline/`.

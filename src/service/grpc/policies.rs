@@ -1,5 +1,5 @@
 //! `PolicyService`: publishing, inspecting and rolling back policy versions
-//! (service.md §2). Every call needs an admin token (see `auth.rs`).
+//! (docs/service.md). Every call needs an admin token (see `auth.rs`).
 //!
 //! A publish compiles with the same compiler as `capgate validate`; with any
 //! error nothing is stored and the response carries the diagnostics. A valid

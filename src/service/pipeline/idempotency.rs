@@ -1,4 +1,4 @@
-//! `request_id` idempotency (service.md §4): a retry with the same `(gateway, request_id)` gets
+//! `request_id` idempotency (docs/service.md): a retry with the same `(gateway, request_id)` gets
 //! the answer its original got, and consumes nothing, whichever replica it reaches. On one
 //! replica, a retry racing its original waits for its turn ([`Turns`]); across replicas, the
 //! first copy claims the id in the store and the others wait for its answer ([`claim`]). The

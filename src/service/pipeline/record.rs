@@ -1,4 +1,4 @@
-//! The audit record of a decision or a listing, built in one place (service.md §5): what was
+//! The audit record of a decision or a listing, built in one place (docs/service.md): what was
 //! asked, who asked, what was decided and why. Never a credential, a secret or tool arguments.
 
 use capgate_core::access::VisibleCapability;

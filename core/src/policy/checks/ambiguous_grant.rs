@@ -1,4 +1,4 @@
-//! `ambiguous_grant` (error, policy-core §2.4): two grants with different
+//! `ambiguous_grant` (error, docs/reference.md#ambiguity): two grants with different
 //! accounts whose selectors overlap and that share a capability — one
 //! principal could be given two execution accounts. Purely syntactic.
 //!

@@ -1,4 +1,4 @@
-//! The semantic checks (policy-core §2.3): one file per diagnostic code, each
+//! The semantic checks (docs/reference.md#diagnostics): one file per diagnostic code, each
 //! holding its check, its doc and its tests. This module fixes the emission
 //! order, which is part of the contract.
 
