@@ -110,22 +110,21 @@ impl<'a> Context<'a> {
         }
     }
 
-    fn principal<'p>(&'p self, used: &'p PrincipalUse) -> &'p Principal {
-        match used {
-            PrincipalUse::Inline(principal) => principal,
-            // `suite::load` refused undeclared names.
-            PrincipalUse::Named(name) => &self.suite.principals[name],
-        }
-    }
-
     /// Resolves a principal as `explain` does; reading a JWK set is the only
     /// failure that stops the run.
     fn resolve(
         &mut self,
-        used: &PrincipalUse,
+        used: &'a PrincipalUse,
         at: Instant,
     ) -> Result<Result<Resolution, AuthProblem>, Failure> {
-        let principal = self.principal(used).clone();
+        let principal = match used {
+            PrincipalUse::Inline(principal) => principal,
+            // `suite::load` refused undeclared names.
+            PrincipalUse::Named(name) => {
+                let suite: &'a Suite = self.suite;
+                &suite.principals[name]
+            }
+        };
         Ok(match principal {
             Principal::Parts(parts) => {
                 let pairs: Vec<(&str, &str)> = parts
@@ -191,8 +190,11 @@ impl<'a> Context<'a> {
 }
 
 /// Runs every selected case of the suite (by name), decide cases first, in file order.
-pub fn run(context: &mut Context<'_>, selected: &dyn Fn(&str) -> bool) -> Result<Vec<CaseResult>, Failure> {
-    let suite = context.suite;
+pub fn run<'a>(
+    context: &mut Context<'a>,
+    selected: &dyn Fn(&str) -> bool,
+) -> Result<Vec<CaseResult>, Failure> {
+    let suite: &'a Suite = context.suite;
     let mut results = Vec::new();
     for case in suite.decide.iter().filter(|case| selected(&case.spec.case.name)) {
         results.push(decide(context, case)?);
@@ -242,16 +244,17 @@ fn grant_index(pointer: &str) -> Option<usize> {
     rest.split('/').next()?.parse().ok()
 }
 
-fn decide(context: &mut Context<'_>, case: &DecideCase) -> Result<CaseResult, Failure> {
+fn decide<'a>(context: &mut Context<'a>, case: &'a DecideCase) -> Result<CaseResult, Failure> {
     let spec = &case.spec.case;
     let mut out = result(Kind::Decide, &spec.name, &case.spec);
     let at = case.at.or(context.suite.at).unwrap_or(context.now);
     let usage = match spec.usage {
-        None | Some(UsageSpec::Counted(_)) => Usage::Counted {
-            calls: match spec.usage {
-                Some(UsageSpec::Counted(calls)) => calls,
-                _ => 0,
-            },
+        None => Usage::Counted {
+            calls: 0,
+            window_start: case.window_start.unwrap_or(at),
+        },
+        Some(UsageSpec::Counted(calls)) => Usage::Counted {
+            calls,
             window_start: case.window_start.unwrap_or(at),
         },
         Some(UsageSpec::Word(UsageWord::Unknown)) => Usage::Unknown,
@@ -354,7 +357,7 @@ fn describe_ceiling(ceiling: Option<&Ceiling>) -> String {
     }
 }
 
-fn listing(context: &mut Context<'_>, case: &VisibleCase) -> Result<CaseResult, Failure> {
+fn listing<'a>(context: &mut Context<'a>, case: &'a VisibleCase) -> Result<CaseResult, Failure> {
     let spec = &case.case;
     let mut out = result(Kind::Visible, &spec.name, case);
     // A listing does not consult ceilings; `at` only matters to a token's `exp`.

@@ -77,16 +77,9 @@ pub enum SuiteOutcome {
 }
 
 /// The coverage of one policy, by every suite that ran against it.
-pub struct PolicyCoverage {
-    pub loaded: Loaded,
+pub struct PolicyCoverage<'r> {
+    pub loaded: &'r Loaded,
     pub coverage: Coverage,
-}
-
-/// The results of every suite naming one policy file, before coverage is measured.
-struct Collected {
-    policy: PathBuf,
-    loaded: Loaded,
-    results: Vec<CaseResult>,
 }
 
 pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
@@ -97,28 +90,15 @@ pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
         let name = name.to_lowercase();
         filters.is_empty() || filters.iter().any(|filter| name.contains(filter))
     };
-    let mut runs = Vec::new();
-    let mut collected: Vec<Collected> = Vec::new();
-    for file in &files {
-        let origin = file.to_string_lossy().into_owned();
-        let outcome = run_file(file, &origin, inputs, now, &selected);
-        if let SuiteOutcome::Ran {
-            policy,
-            results,
-            suite,
-        } = &outcome
-        {
-            collect(&mut collected, &suite.policy, policy, results);
-        }
-        runs.push(SuiteRun { origin, outcome });
-    }
-    let coverages: Vec<PolicyCoverage> = collected
-        .into_iter()
-        .filter_map(|Collected { loaded, results, .. }| {
-            let coverage = coverage::measure(loaded.compilation.policy.as_ref()?, &results);
-            Some(PolicyCoverage { loaded, coverage })
+    let runs: Vec<SuiteRun> = files
+        .iter()
+        .map(|file| {
+            let origin = file.to_string_lossy().into_owned();
+            let outcome = run_file(file, &origin, inputs, now, &selected);
+            SuiteRun { origin, outcome }
         })
         .collect();
+    let coverages = coverages(&runs);
     let exit = exit_of(&runs, &coverages, args.min_coverage);
     if let Some(path) = &args.junit {
         write_atomically(path, report::junit(&runs).as_bytes())?;
@@ -165,7 +145,7 @@ fn run_file(
         Err(Failure::Input(message) | Failure::Usage(message)) => return SuiteOutcome::Unreadable(message),
     };
     SuiteOutcome::Ran {
-        policy: Box::new(loaded.clone()),
+        policy: Box::new(loaded),
         results,
         suite: Box::new(suite),
     }
@@ -178,20 +158,36 @@ fn load_policy(suite: &Suite, inputs: &mut Inputs<'_>) -> Result<Loaded, Failure
     Ok(Loaded::compile(source, catalog.as_ref()))
 }
 
-/// Suites naming the same policy file (and the same bytes) add up to one coverage.
-fn collect(collected: &mut Vec<Collected>, path: &Path, loaded: &Loaded, results: &[CaseResult]) {
-    let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
-    let same = |entry: &&mut Collected| {
-        entry.policy == key && entry.loaded.compilation.version == loaded.compilation.version
-    };
-    match collected.iter_mut().find(same) {
-        Some(entry) => entry.results.extend_from_slice(results),
-        None => collected.push(Collected {
-            policy: key,
-            loaded: loaded.clone(),
-            results: results.to_vec(),
-        }),
+/// Suites naming the same policy file (and the same bytes) add up to one coverage, measured over
+/// all their cases.
+fn coverages(runs: &[SuiteRun]) -> Vec<PolicyCoverage<'_>> {
+    // (the policy file, the first run that loaded it, every case run against it)
+    let mut groups: Vec<(PathBuf, &Loaded, Vec<&CaseResult>)> = Vec::new();
+    for run in runs {
+        let SuiteOutcome::Ran {
+            policy,
+            results,
+            suite,
+        } = &run.outcome
+        else {
+            continue;
+        };
+        let key = std::fs::canonicalize(&suite.policy).unwrap_or_else(|_| suite.policy.clone());
+        let same = |(path, loaded, _): &&mut (PathBuf, &Loaded, Vec<&CaseResult>)| {
+            *path == key && loaded.compilation.version == policy.compilation.version
+        };
+        match groups.iter_mut().find(same) {
+            Some((_, _, cases)) => cases.extend(results),
+            None => groups.push((key, policy, results.iter().collect())),
+        }
     }
+    groups
+        .into_iter()
+        .filter_map(|(_, loaded, cases)| {
+            let coverage = coverage::measure(loaded.compilation.policy.as_ref()?, cases);
+            Some(PolicyCoverage { loaded, coverage })
+        })
+        .collect()
 }
 
 fn exit_of(runs: &[SuiteRun], coverages: &[PolicyCoverage], min_coverage: Option<f64>) -> Exit {

@@ -14,7 +14,6 @@ use crate::cli::{json as shared, render, validate, Exit};
 
 pub fn human(runs: &[SuiteRun], coverages: &[PolicyCoverage], min_coverage: Option<f64>) -> String {
     let mut out = String::new();
-    let (mut passed, mut failed) = (0, 0);
     for run in runs {
         let _ = writeln!(out, "{}", run.origin);
         match &run.outcome {
@@ -52,11 +51,9 @@ pub fn human(runs: &[SuiteRun], coverages: &[PolicyCoverage], min_coverage: Opti
                 let policy_text = policy.source.text();
                 for result in results {
                     if result.passed() {
-                        passed += 1;
                         let _ = writeln!(out, "  ok    {:<8} {}", result.kind.as_str(), result.name);
                         continue;
                     }
-                    failed += 1;
                     let _ = writeln!(out, "  FAIL  {:<8} {}", result.kind.as_str(), result.name);
                     let _ = writeln!(
                         out,
@@ -116,8 +113,19 @@ pub fn human(runs: &[SuiteRun], coverages: &[PolicyCoverage], min_coverage: Opti
             }
         }
     }
+    let (passed, failed) = tally(runs);
     let _ = writeln!(out, "{} cases: {passed} passed, {failed} failed", passed + failed);
     out
+}
+
+/// How many cases that ran passed, and how many failed.
+fn tally(runs: &[SuiteRun]) -> (usize, usize) {
+    let results = runs.iter().flat_map(|run| match &run.outcome {
+        SuiteOutcome::Ran { results, .. } => results.as_slice(),
+        _ => &[],
+    });
+    let (passed, failed): (Vec<&CaseResult>, Vec<&CaseResult>) = results.partition(|result| result.passed());
+    (passed.len(), failed.len())
 }
 
 fn resolve(document: Option<&Document>, pointer: &str) -> Option<Position> {
@@ -133,8 +141,6 @@ fn source_line(out: &mut String, text: &str, position: Option<Position>) {
 }
 
 pub fn json(runs: &[SuiteRun], coverages: &[PolicyCoverage], min_coverage: Option<f64>, exit: Exit) -> Value {
-    let mut passed = 0;
-    let mut failed = 0;
     let suites: Vec<Value> = runs
         .iter()
         .map(|run| match &run.outcome {
@@ -165,19 +171,13 @@ pub fn json(runs: &[SuiteRun], coverages: &[PolicyCoverage], min_coverage: Optio
                     "policy": shared::policy(&policy.source, &policy.compilation.version),
                     "cases": results
                         .iter()
-                        .map(|result| {
-                            if result.passed() {
-                                passed += 1;
-                            } else {
-                                failed += 1;
-                            }
-                            case_json(result, document)
-                        })
+                        .map(|result| case_json(result, document))
                         .collect::<Vec<_>>(),
                 })
             }
         })
         .collect();
+    let (passed, failed) = tally(runs);
     json!({
         "suites": suites,
         "coverage": coverages

@@ -394,25 +394,37 @@ fn check_principal_use(
     }
 }
 
-fn validator() -> &'static jsonschema::Validator {
-    static VALIDATOR: OnceLock<jsonschema::Validator> = OnceLock::new();
-    VALIDATOR.get_or_init(|| {
-        // INVARIANT: schema.json is valid JSON and a valid schema; the test
-        // `the_schema_builds` proves it, so this cannot fail at run time.
-        let schema: Json = serde_json::from_str(SCHEMA_JSON).unwrap_or(Json::Null);
-        jsonschema::options()
-            .with_draft(jsonschema::Draft::Draft202012)
-            .build(&schema)
-            .unwrap_or_else(|_| {
-                jsonschema::validator_for(&Json::Bool(true)).unwrap_or_else(|_| unreachable!())
-            })
-    })
+/// The validator of `schema.json`, built once; `Err` only if the schema itself is broken,
+/// which the test `the_schema_builds` rules out.
+fn validator() -> Result<&'static jsonschema::Validator, &'static str> {
+    static VALIDATOR: OnceLock<Result<jsonschema::Validator, String>> = OnceLock::new();
+    VALIDATOR
+        .get_or_init(|| {
+            let schema: Json = serde_json::from_str(SCHEMA_JSON).map_err(|error| error.to_string())?;
+            jsonschema::options()
+                .with_draft(jsonschema::Draft::Draft202012)
+                .build(&schema)
+                .map_err(|error| error.to_string())
+        })
+        .as_ref()
+        .map_err(String::as_str)
 }
 
 /// Every place the file breaks the schema, deepest first within a place,
 /// in document order.
 fn schema_problems(document: &Document, json: &Json) -> Vec<Problem> {
-    let mut problems: Vec<Problem> = validator()
+    let validator = match validator() {
+        Ok(validator) => validator,
+        // Never accept a file unchecked: a broken schema refuses every file, saying why.
+        Err(error) => {
+            return vec![problem(
+                document,
+                String::new(),
+                format!("the test file schema does not build: {error}"),
+            )]
+        }
+    };
+    let mut problems: Vec<Problem> = validator
         .iter_errors(json)
         .map(|error| {
             let pointer = error.instance_path().as_str().to_owned();
