@@ -1,15 +1,16 @@
-//! A dictionary from a policy's strings — capability and issuer ids,
-//! attribute names and values — to their numbers, built once with the ruleset
-//! and looked up on every request.
+//! A dictionary from a policy's strings — capability and issuer ids, an
+//! attribute's name and value together — to their numbers, built once with
+//! the ruleset and looked up on every request.
 //!
 //! The strings a request brings are short (a claim value, an attribute name,
 //! a capability id), and a general-purpose map spends most of a look-up
 //! hashing them byte by byte and calling `memcmp`. Here a string's *key* is
 //! its length and two 8-byte words loaded from its head and its tail, which
 //! for 16 bytes or fewer *is* the string (the words cover every byte); the
-//! key is hashed by one multiplication into an open-addressed table at most
-//! half full, and compared as three integers. Only strings longer than 16
-//! bytes whose keys are equal are compared byte by byte.
+//! keys of an entry's strings are hashed by a multiplication each into an
+//! open-addressed table at most half full, and compared as integers. Only
+//! strings longer than 16 bytes whose keys are equal are compared byte by
+//! byte.
 
 /// The key of a string: equal keys of strings of at most `EXACT` bytes mean
 /// equal strings.
@@ -52,81 +53,98 @@ impl Key {
         Key { len, head, tail }
     }
 
-    /// The table position of the key, from the top bits of one multiplication
-    /// (Fibonacci hashing), which depend on every bit of the mixed key.
+    /// The key mixed into one word.
     #[inline(always)]
-    fn position(&self, shift: u32) -> usize {
-        let mixed = self.head ^ self.tail.rotate_left(29) ^ (self.len as u64);
-        (mixed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> shift) as usize
+    fn mixed(&self) -> u64 {
+        self.head ^ self.tail.rotate_left(29) ^ (self.len as u64)
     }
 }
 
-/// Distinct strings, each numbered by its position in the order given.
+/// The table position of an entry's keys, from the top bits of a
+/// multiplication per key (Fibonacci hashing), which depend on every bit of
+/// the mixed keys.
+#[inline(always)]
+fn position<const N: usize>(keys: &[Key; N], shift: u32) -> usize {
+    let hash = keys.iter().fold(0u64, |hash, key| {
+        (hash ^ key.mixed()).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    });
+    (hash >> shift) as usize
+}
+
+/// Distinct entries of `N` strings each (a capability id; an attribute's
+/// name and value), each numbered by its position in the order given.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Dictionary {
-    texts: Vec<Box<str>>,
-    keys: Vec<Key>,
-    /// Open addressing with linear probing: 0 is empty, `n + 1` is string `n`.
-    /// INVARIANT: the length is a power of two, at least twice the strings, so
-    /// a probe always reaches an empty entry.
+pub(crate) struct Dictionary<const N: usize> {
+    texts: Vec<[Box<str>; N]>,
+    keys: Vec<[Key; N]>,
+    /// Open addressing with linear probing: 0 is empty, `n + 1` is entry `n`.
+    /// INVARIANT: the length is a power of two, at least twice the entries,
+    /// so a probe always reaches an empty slot.
     table: Vec<u32>,
     /// 64 − log2(table length).
     shift: u32,
 }
 
-impl Default for Dictionary {
+impl<const N: usize> Default for Dictionary<N> {
     fn default() -> Self {
-        Dictionary::new(std::iter::empty::<&str>())
+        Dictionary::new(std::iter::empty())
     }
 }
 
-impl Dictionary {
-    /// The dictionary of `texts`, numbered in order. A repeated string keeps
+impl<const N: usize> Dictionary<N> {
+    /// The dictionary of `entries`, numbered in order. A repeated entry keeps
     /// the number of its first occurrence; callers pass distinct ones.
-    pub(crate) fn new<'t>(texts: impl IntoIterator<Item = &'t str>) -> Self {
-        let texts: Vec<Box<str>> = texts.into_iter().map(Box::from).collect();
+    pub(crate) fn new<'t>(entries: impl IntoIterator<Item = [&'t str; N]>) -> Self {
+        let texts: Vec<[Box<str>; N]> = entries.into_iter().map(|entry| entry.map(Box::from)).collect();
         let size = (2 * texts.len()).next_power_of_two().max(2);
         let mut dictionary = Dictionary {
-            keys: texts.iter().map(|text| Key::of(text)).collect(),
+            keys: texts
+                .iter()
+                .map(|entry| entry.each_ref().map(|text| Key::of(text)))
+                .collect(),
             texts,
             table: vec![0; size],
             shift: 64 - size.trailing_zeros(),
         };
         let mask = size - 1;
         for number in 0..dictionary.texts.len() {
-            if dictionary.get(&dictionary.texts[number]).is_some() {
+            if dictionary
+                .get(dictionary.texts[number].each_ref().map(|text| &**text))
+                .is_some()
+            {
                 continue;
             }
-            let mut at = dictionary.keys[number].position(dictionary.shift);
+            let mut at = position(&dictionary.keys[number], dictionary.shift);
             while dictionary.table[at] != 0 {
                 at = (at + 1) & mask;
             }
-            // INVARIANT: fewer than 2^32 − 1 strings (a policy is far smaller).
+            // INVARIANT: fewer than 2^32 − 1 entries (a policy is far smaller).
             dictionary.table[at] = u32::try_from(number + 1).unwrap_or(u32::MAX);
         }
         dictionary
     }
 
-    /// The number of `text`, if it is in the dictionary.
-    // Inlined: a request makes ten look-ups, and a call's register saving and
-    // restoring would cost about as much as the look-up itself.
+    /// The number of the entry `texts`, if it is in the dictionary.
+    // Inlined: a request makes a handful of look-ups, and a call's register
+    // saving and restoring would cost about as much as the look-up itself.
     #[inline(always)]
-    pub(crate) fn get(&self, text: &str) -> Option<usize> {
-        let key = Key::of(text);
+    pub(crate) fn get(&self, texts: [&str; N]) -> Option<usize> {
+        let keys = texts.map(Key::of);
         let mask = self.table.len() - 1;
-        let mut at = key.position(self.shift);
+        let mut at = position(&keys, self.shift);
         loop {
             let number = (self.table[at] as usize).checked_sub(1)?;
-            if self.keys[number] == key && (key.len <= EXACT || *self.texts[number] == *text) {
+            if self.keys[number] == keys
+                && keys
+                    .iter()
+                    .zip(&self.texts[number])
+                    .zip(texts)
+                    .all(|((key, known), text)| key.len <= EXACT || **known == *text)
+            {
                 return Some(number);
             }
             at = (at + 1) & mask;
         }
-    }
-
-    /// How many strings it holds.
-    pub(crate) fn len(&self) -> usize {
-        self.texts.len()
     }
 }
 
@@ -149,10 +167,9 @@ mod tests {
             .map(String::from),
         );
         texts.extend((0..200).map(|n| format!("head-of-a-long-{n:03}-same-tail")));
-        let dictionary = Dictionary::new(texts.iter().map(String::as_str));
-        assert_eq!(dictionary.len(), texts.len());
+        let dictionary = Dictionary::new(texts.iter().map(|text| [text.as_str()]));
         for (number, text) in texts.iter().enumerate() {
-            assert_eq!(dictionary.get(text), Some(number), "{text:?}");
+            assert_eq!(dictionary.get([text]), Some(number), "{text:?}");
         }
         for absent in [
             "",
@@ -164,11 +181,28 @@ mod tests {
             "é",
         ] {
             assert_eq!(
-                dictionary.get(absent),
+                dictionary.get([absent]),
                 texts.iter().position(|t| t == absent),
                 "{absent:?}"
             );
         }
-        assert_eq!(Dictionary::default().get(""), None);
+        assert_eq!(Dictionary::<1>::default().get([""]), None);
+        // Pairs: an entry is its strings in order.
+        let pairs = Dictionary::new(
+            texts
+                .iter()
+                .zip(texts.iter().rev())
+                .map(|(a, b)| [a.as_str(), b.as_str()]),
+        );
+        for (number, (a, b)) in texts.iter().zip(texts.iter().rev()).enumerate() {
+            if texts[..number]
+                .iter()
+                .zip(texts.iter().rev())
+                .all(|(x, y)| (x, y) != (a, b))
+            {
+                assert_eq!(pairs.get([a, b]), Some(number), "{a:?} {b:?}");
+            }
+        }
+        assert_eq!(pairs.get(["a", "a"]), None);
     }
 }

@@ -21,8 +21,9 @@
 //!   linear in the policy.
 //! * A principal is interned once per request (`Interned`, kept by
 //!   `Prepared` for many decisions): its issuer's number and, per slot, the
-//!   number of its value, each found in a `Dictionary` (`dictionary.rs`) by
-//!   a few integer operations.
+//!   number of its value, found by one look-up per attribute of its (name,
+//!   value) pair in a `Dictionary` (`dictionary.rs`): a few integer
+//!   operations, no string hashing or `memcmp`.
 //!
 //! The grants themselves are only read for what the decision returns (the
 //! winner's pointer, account and ceiling).
@@ -56,17 +57,18 @@ const WORDS_PER_ENTRY: usize = 4;
 /// values they require, each numbered in sorted order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Vocabulary {
-    /// Name → slot.
-    names: Dictionary,
-    /// Per slot: value → number.
-    values: Vec<Dictionary>,
+    /// (name, value) → `required[n]`, for every pair some selector requires.
+    pairs: Dictionary<2>,
+    /// The pair's slot and value number.
+    required: Vec<(u32, u32)>,
+    /// Per slot: the number of any value no selector requires, and of
+    /// absence (the count of values some selector requires).
+    unknown: Vec<u32>,
 }
 
 impl Vocabulary {
-    /// The number of any value of `slot` that no selector requires, and of
-    /// its absence.
     fn unknown(&self, slot: usize) -> u32 {
-        number(self.values[slot].len())
+        self.unknown[slot]
     }
 }
 
@@ -130,7 +132,7 @@ struct SlotMasks {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Index {
     /// Issuer ids that some grant names, numbered in sorted order.
-    issuers: Dictionary,
+    issuers: Dictionary<1>,
     vocabularies: Vec<Vocabulary>,
     /// Per capability index: `lists[from..to]`, sorted by issuer number.
     by_capability: Vec<(u32, u32)>,
@@ -197,15 +199,25 @@ impl Index {
                 names.entry(name.as_str()).or_default().insert(value.as_str());
             }
         }
-        let issuers = Dictionary::new(issuer_names.keys().copied());
+        let issuers = Dictionary::new(issuer_names.keys().map(|&issuer| [issuer]));
         let vocabularies: Vec<Vocabulary> = issuer_names
             .values()
-            .map(|names| Vocabulary {
-                names: Dictionary::new(names.keys().copied()),
-                values: names
-                    .values()
-                    .map(|values| Dictionary::new(values.iter().copied()))
-                    .collect(),
+            .map(|names| {
+                let pairs = || {
+                    names.iter().enumerate().flat_map(|(slot, (&name, values))| {
+                        values
+                            .iter()
+                            .enumerate()
+                            .map(move |(at, &value)| (slot, name, at, value))
+                    })
+                };
+                Vocabulary {
+                    pairs: Dictionary::new(pairs().map(|(_, name, _, value)| [name, value])),
+                    required: pairs()
+                        .map(|(slot, _, at, _)| (number(slot), number(at)))
+                        .collect(),
+                    unknown: names.values().map(|values| number(values.len())).collect(),
+                }
             })
             .collect();
 
@@ -216,15 +228,14 @@ impl Index {
         for (at, grant) in grants.iter().enumerate() {
             // INVARIANT: every grant's issuer and selector pair is in the
             // dictionaries, built above from these very grants.
-            let issuer = number(issuers.get(&grant.issuer).unwrap_or_default());
+            let issuer = number(issuers.get([&grant.issuer]).unwrap_or_default());
             let vocabulary = &vocabularies[issuer as usize];
             let pairs = grant
                 .selector
                 .iter()
                 .map(|(name, value)| {
-                    let slot = vocabulary.names.get(name).unwrap_or_default();
-                    let value = vocabulary.values[slot].get(value).unwrap_or_default();
-                    (number(slot), number(value))
+                    let at = vocabulary.pairs.get([name, value]).unwrap_or_default();
+                    vocabulary.required[at]
                 })
                 .collect();
             selectors.push(pairs);
@@ -356,23 +367,22 @@ impl Index {
 
     /// The principal's interned form for this index.
     pub(crate) fn intern(&self, principal: &Principal) -> Interned {
-        let Some(issuer) = self.issuers.get(&principal.issuer) else {
+        let Some(issuer) = self.issuers.get([&principal.issuer]) else {
             return Interned {
                 issuer: None,
                 values: Values::new(0),
             };
         };
         let vocabulary = &self.vocabularies[issuer];
-        let mut values = Values::new(vocabulary.names.len());
+        let mut values = Values::new(vocabulary.unknown.len());
         let slots = values.slots_mut();
-        for (slot, value) in slots.iter_mut().enumerate() {
-            *value = vocabulary.unknown(slot);
-        }
+        slots.copy_from_slice(&vocabulary.unknown);
+        // An attribute no selector names, or with a value none requires,
+        // is not in the dictionary: its slot, if any, stays unknown.
         for (name, value) in &principal.attributes {
-            if let Some(slot) = vocabulary.names.get(name) {
-                if let Some(known) = vocabulary.values[slot].get(value) {
-                    slots[slot] = number(known);
-                }
+            if let Some(at) = vocabulary.pairs.get([name, value]) {
+                let (slot, known) = vocabulary.required[at];
+                slots[slot as usize] = known;
             }
         }
         Interned {
@@ -539,5 +549,49 @@ impl AsRef<[u32]> for Values {
             Values::Inline { len, slots } => &slots[..usize::from(*len)],
             Values::Spilled(values) => values,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::accounts::AccountRef;
+
+    /// `grants` grants of one issuer for one capability, the n-th selecting
+    /// `team: value(n)`.
+    fn index(grants: usize, value: impl Fn(usize) -> String) -> Index {
+        let grants: Vec<Grant> = (0..grants)
+            .map(|n| Grant {
+                issuer: "corp".to_owned(),
+                selector: vec![("team".to_owned(), value(n))],
+                capabilities: vec!["crm.read".to_owned()],
+                account: AccountRef {
+                    id: "svc".to_owned(),
+                    disabled: false,
+                },
+                limits: None,
+                path: format!("/grants/{n}"),
+            })
+            .collect();
+        Index::new(1, &grants, |id| (id == "crm.read").then_some(0))
+    }
+
+    #[test]
+    fn bitsets_where_they_are_cheap_pairs_where_they_would_grow_quadratically() {
+        // 300 candidates on 3 values: 4 bitsets of 5 words.
+        let few = index(300, |n| format!("t{}", n % 3));
+        assert_eq!(few.lists.len(), 1);
+        assert!(few.lists[0].uses.is_some());
+        assert_eq!(few.words.len(), 5 + 4 * 5);
+        assert!(few.pairs.is_empty());
+        // 300 candidates on 300 values: 301 bitsets of 5 words, within
+        // WORDS_PER_ENTRY per candidate and pair (2 400 words).
+        assert!(index(300, |n| format!("t{n}")).lists[0].uses.is_some());
+        // 1 000 on 1 000 values would need 1 001 bitsets of 16 words, twice
+        // the bound: kept as pairs, 1 000 of them.
+        let many = index(1_000, |n| format!("t{n}"));
+        assert!(many.lists[0].uses.is_none());
+        assert_eq!(many.words.len(), 16);
+        assert_eq!(many.pairs.len(), 1_000);
     }
 }

@@ -65,7 +65,7 @@ pub struct Ruleset {
     capabilities: Vec<CapabilityRule>,
     grants: Vec<Grant>,
     /// Capability id → its number, an index into `declared_at`.
-    ids: Dictionary,
+    ids: Dictionary<1>,
     /// Per capability id number: the index of its first declaration.
     declared_at: Vec<usize>,
     /// Per capability index: the index of the first declaration of its id
@@ -87,7 +87,7 @@ impl Ruleset {
             });
         }
         // Numbered in declaration order: `declared_at[n]` is the n-th distinct id's.
-        let ids = Dictionary::new(declared_at.iter().map(|&index| capabilities[index].id.as_str()));
+        let ids = Dictionary::new(declared_at.iter().map(|&index| [capabilities[index].id.as_str()]));
         let first_declaration = capabilities
             .iter()
             .map(|capability| first[capability.id.as_str()])
@@ -113,7 +113,7 @@ impl Ruleset {
 
     /// The declared capability with that id (its first declaration).
     pub fn capability(&self, id: &str) -> Option<(usize, &CapabilityRule)> {
-        let index = self.declared_at[self.ids.get(id)?];
+        let index = self.declared_at[self.ids.get([id])?];
         Some((index, &self.capabilities[index]))
     }
 
