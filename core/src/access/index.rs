@@ -318,17 +318,20 @@ impl Index {
                 let values = vocabulary.unknown(slot as usize) as usize + 1;
                 self.words.resize(at + values * words, 0);
                 for (bit, &member) in members.iter().enumerate() {
-                    let required: Vec<u32> = selectors[member as usize]
+                    // A value admits the candidate iff every pair on the slot
+                    // requires exactly it: no pair, every value (absence
+                    // included); pairs requiring two values, none.
+                    let mut required = selectors[member as usize]
                         .iter()
                         .filter(|&&(of, _)| of == slot)
-                        .map(|&(_, value)| value)
-                        .collect();
-                    // A value admits the candidate iff every pair on the slot
-                    // requires exactly it (none: every value, absence included).
-                    for value in 0..values {
-                        if required.iter().all(|&r| r as usize == value) {
-                            set(&mut self.words[at + value * words..], bit);
-                        }
+                        .map(|&(_, value)| value as usize);
+                    let admitted = match required.next() {
+                        None => 0..values,
+                        Some(value) if required.all(|other| other == value) => value..value + 1,
+                        Some(_) => 0..0,
+                    };
+                    for value in admitted {
+                        set(&mut self.words[at + value * words..], bit);
                     }
                 }
                 self.uses.push(SlotMasks { slot, at: number(at) });
