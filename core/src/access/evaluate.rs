@@ -4,7 +4,7 @@
 
 use super::index::Interned;
 use super::limits::{replaces, Rate};
-use super::{Allow, Decision, Instant, Reason, ReasonCode, Ruleset, Usage};
+use super::{Allow, Decision, Grant, Instant, Reason, ReasonCode, Ruleset, Usage};
 use super::{CAPABILITIES_ANCHOR, GRANTS_ANCHOR};
 use crate::principals::Principal;
 
@@ -85,19 +85,8 @@ fn decide_indexed<'a>(
     at: Instant,
     usage: Usage,
 ) -> Decision<'a> {
-    let table = ruleset.index();
-    let (offset, candidates) = table.candidates(index, interned);
-    let matching = candidates
-        .iter()
-        .enumerate()
-        .filter(|(_, candidate)| table.selects(candidate, interned))
-        .map(|(at, candidate)| Matched {
-            grant: candidate.grant as usize,
-            account: candidate.account,
-            disabled: candidate.disabled,
-            rate: table.rate(offset + at),
-        });
-    decide(ruleset, &ruleset.capabilities()[index].id, matching, at, usage)
+    let matches = ruleset.index().matches(index, interned);
+    decide(ruleset, &ruleset.capabilities()[index].id, matches, at, usage)
 }
 
 /// The same decision by a straightforward scan over every grant: the
@@ -115,74 +104,87 @@ pub fn evaluate_linear<'a>(
     if !declared.realized {
         return deny(ReasonCode::CapabilityNotRealized, &declared.path, &declared.id);
     }
-    let matching = ruleset
-        .grants()
-        .iter()
-        .enumerate()
-        .filter(|(_, grant)| grant.matches(principal) && grant.names(&declared.id))
-        .map(|(index, grant)| Matched {
-            grant: index,
-            account: grant.account.id.as_str(),
-            disabled: grant.account.disabled,
-            rate: grant.limits.as_ref().map(Rate::of),
-        });
-    decide(ruleset, &declared.id, matching, at, usage)
+    let matches = Matches::fold(
+        ruleset
+            .grants()
+            .iter()
+            .enumerate()
+            .filter(|(_, grant)| grant.matches(principal) && grant.names(&declared.id)),
+    );
+    decide(ruleset, &declared.id, matches, at, usage)
 }
 
-/// What steps 3–8 read of one matching grant. `account` is whatever identifies
-/// the account: its id for the scan, its number in the index.
-struct Matched<K> {
-    grant: usize,
-    account: K,
-    disabled: bool,
-    rate: Option<Rate>,
+/// What steps 4–7 read of the grants that match (there is at least one):
+/// grant indices in file order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Matches {
+    /// Step 7: the most restrictive ceiling, ties to the earliest grant.
+    pub winner: usize,
+    /// Step 4: if the matches run as more than one account, the first match.
+    pub ambiguous: Option<usize>,
+    /// Step 5: the first match whose account is disabled.
+    pub disabled: Option<usize>,
+}
+
+impl Matches {
+    /// The definition, one matching grant after another in file order: the
+    /// scan uses it, and the index (`Index::matches`) must answer as it does.
+    fn fold<'g>(matching: impl Iterator<Item = (usize, &'g Grant)>) -> Option<Matches> {
+        let mut first: Option<(usize, &str)> = None;
+        let mut ambiguous = false;
+        let mut disabled = None;
+        let mut winner: Option<(usize, Option<Rate>)> = None;
+        for (at, grant) in matching {
+            match first {
+                None => first = Some((at, grant.account.id.as_str())),
+                Some((_, account)) if account != grant.account.id => ambiguous = true,
+                Some(_) => {}
+            }
+            if grant.account.disabled && disabled.is_none() {
+                disabled = Some(at);
+            }
+            let rate = grant.limits.as_ref().map(Rate::of);
+            if winner.is_none_or(|(_, incumbent)| replaces(rate, incumbent)) {
+                winner = Some((at, rate));
+            }
+        }
+        let ((first, _), (winner, _)) = (first?, winner?);
+        Some(Matches {
+            winner,
+            ambiguous: ambiguous.then_some(first),
+            disabled,
+        })
+    }
 }
 
 fn deny<'a>(code: ReasonCode, path: &'a str, subject: &'a str) -> Decision<'a> {
     Decision::Deny(Reason { code, path, subject })
 }
 
-/// Steps 3–8, given the matching grants in file order.
-fn decide<'a, K: PartialEq>(
+/// Steps 3–8, given what the matching grants say (`None`: no grant matches).
+fn decide<'a>(
     ruleset: &'a Ruleset,
     capability: &'a str,
-    matching: impl Iterator<Item = Matched<K>>,
+    matches: Option<Matches>,
     at: Instant,
     usage: Usage,
 ) -> Decision<'a> {
     let grants = ruleset.grants();
-    let mut first: Option<(usize, K)> = None;
-    let mut ambiguous = false;
-    let mut first_disabled: Option<usize> = None;
-    let mut winner: Option<(usize, Option<Rate>)> = None;
-    for matched in matching {
-        match &first {
-            None => first = Some((matched.grant, matched.account)),
-            Some((_, account)) if *account != matched.account => ambiguous = true,
-            Some(_) => {}
-        }
-        if matched.disabled && first_disabled.is_none() {
-            first_disabled = Some(matched.grant);
-        }
-        let replaces = match winner {
-            None => true,
-            Some((_, incumbent)) => replaces(matched.rate, incumbent),
-        };
-        if replaces {
-            winner = Some((matched.grant, matched.rate));
-        }
-    }
-
     // Step 3: nothing matches.
-    let (Some((first, _)), Some((winner, _))) = (first, winner) else {
+    let Some(Matches {
+        winner,
+        ambiguous,
+        disabled,
+    }) = matches
+    else {
         return deny(ReasonCode::NoGrantMatches, GRANTS_ANCHOR, capability);
     };
     // Step 4: defence in depth; a compiled policy cannot get here.
-    if ambiguous {
+    if let Some(first) = ambiguous {
         return deny(ReasonCode::AmbiguousGrant, &grants[first].path, capability);
     }
     // Step 5: any matching grant's account disabled (they all share one).
-    if let Some(disabled) = first_disabled {
+    if let Some(disabled) = disabled {
         let grant = &grants[disabled];
         return deny(ReasonCode::AccountDisabled, &grant.path, &grant.account.id);
     }

@@ -1,18 +1,29 @@
-//! The decision index: what selector matching needs, computed once when the
-//! ruleset is built, so that a decision compares small integers over a
-//! contiguous run of candidates instead of strings in scattered grants.
+//! The decision index: what selector matching and steps 3–7 need, computed
+//! once when the ruleset is built, so that a decision is a few word
+//! operations over a precomputed list of candidates instead of string
+//! comparisons in scattered grants.
 //!
-//! * Per issuer, a *vocabulary*: the attribute names its grants select on
-//!   (each a slot) and, per name, the values they require (each a number).
-//! * Per (capability, issuer), the candidate grants in file order, each with
-//!   its selector as (slot, value) pairs, its account as a number, whether that
-//!   account is disabled, and its ceiling as a rate: everything the decision
-//!   loop reads, side by side in memory.
-//! * A principal is interned once per request (`Prepared`): its issuer's
-//!   number and, per slot, the number of the value it carries. A value no
-//!   selector names and a missing attribute are both `ABSENT`, which no pair
-//!   holds, so neither can satisfy a selector — as a string comparison would
-//!   not.
+//! * Per issuer, a *vocabulary*: the attribute names its grants select on,
+//!   sorted (a name's *slot* is its position) and, per name, the values they
+//!   require, sorted (a value's number is its position; the count of values
+//!   is the number of every other value and of absence, which no selector
+//!   requires).
+//! * Per (capability, issuer), a *list* of the candidate grants, ordered most
+//!   restrictive ceiling first (ties in file order), so that the winner of
+//!   step 7 is the first candidate that matches. Per slot the list's
+//!   selectors use and per value of that slot, a bitset of the candidates the
+//!   value admits; matching is the AND of one bitset per slot, over
+//!   ⌈candidates / 64⌉ words. A bitset of the disabled candidates answers
+//!   step 5 with one more AND. A list whose bitsets would cost more than a
+//!   few words per candidate and selector pair (many values for many
+//!   candidates) keeps its selectors as (slot, value) pairs instead, checked
+//!   candidate by candidate into the same bitset of matches: memory stays
+//!   linear in the policy.
+//! * A principal is interned once per request (`Interned`, kept by
+//!   `Prepared` for many decisions): its issuer's number and, per slot, the
+//!   number of its value, found by one look-up per attribute of its (name,
+//!   value) pair in a `Dictionary` (`dictionary.rs`): a few integer
+//!   operations, no string hashing or `memcmp`.
 //!
 //! The grants themselves are only read for what the decision returns (the
 //! winner's pointer, account and ceiling).
@@ -21,78 +32,154 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use rustc_hash::FxBuildHasher;
 
-use super::limits::Rate;
+use super::dictionary::Dictionary;
+use super::evaluate::Matches;
+use super::limits::{orders_totally, replaces, restrictiveness, Rate};
 use super::Grant;
 use crate::principals::Principal;
-
-/// The value number of an attribute the principal lacks, or carries with a
-/// value no selector of its issuer names.
-const ABSENT: u32 = u32::MAX;
 
 /// Slots a principal's interned values hold without allocating; a vocabulary
 /// with more attribute names spills to the heap.
 const INLINE_SLOTS: usize = 8;
 
-/// A hash map keyed by the policy's ids, hashed with FxHash (rustc's hasher,
-/// the `rustc-hash` crate): keys are the policy's own ids, looked up once or
-/// twice per decision, where SipHash's resistance to chosen collisions costs
-/// more than the rest of the look-up. Deterministic: no seed.
-pub(crate) type IdMap<V> = HashMap<Box<str>, V, FxBuildHasher>;
+/// Words of a decision's bitset of matches held on the stack: lists of up to
+/// 256 candidates decide without allocating.
+const INLINE_WORDS: usize = 4;
+
+/// The most words of value bitsets a list may hold per candidate and per
+/// selector pair; a list that would need more keeps its selectors as pairs.
+/// It bounds the bitsets' memory linearly in the policy, where one list of
+/// n candidates selecting on n distinct values would otherwise cost n²/64
+/// words.
+const WORDS_PER_ENTRY: usize = 4;
 
 /// The attribute names one issuer's grants select on and, per name, the
-/// values they require: a name's slot and a value's number are its position
-/// in sorted order, found by hashing (a request interns each of its
-/// attributes once).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// values they require, each numbered in sorted order.
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Vocabulary {
-    /// Name → slot.
-    slots: IdMap<u32>,
-    /// Per slot: value → number.
-    values: Vec<IdMap<u32>>,
+    /// (name, value) → `required[n]`, for every pair some selector requires.
+    pairs: Dictionary<2>,
+    /// The pair's slot and value number.
+    required: Vec<(u32, u32)>,
+    /// Per slot: the number of any value no selector requires, and of
+    /// absence (the count of values some selector requires).
+    unknown: Vec<u32>,
 }
-/// One candidate grant of a (capability, issuer) list.
+
+impl Vocabulary {
+    fn unknown(&self, slot: usize) -> u32 {
+        self.unknown[slot]
+    }
+}
+
+/// One candidate grant of a list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Candidate {
+struct Candidate {
     /// Index of the grant in file order.
-    pub grant: u32,
+    grant: u32,
     /// The account, numbered by id: two candidates run as the same account
     /// iff their numbers are equal.
-    pub account: u32,
-    pub disabled: bool,
-    /// The selector: `pairs[start..start + len]` of the index.
+    account: u32,
+    /// The selector: `pairs[start..start + len]` of the index (read only by
+    /// lists that keep pairs).
     start: u32,
     len: u32,
 }
 
-/// Where the candidates of one issuer for one capability are.
+/// The candidates of one issuer for one capability.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Span {
+struct List {
     issuer: u32,
+    /// `candidates[start..end]` (and `rates`).
     start: u32,
     end: u32,
+    /// `words[disabled..disabled + words]`: the candidates whose account is
+    /// disabled.
+    disabled: u32,
+    /// `Some((from, to))`: matching is the AND of the value bitsets of
+    /// `uses[from..to]`. `None`: each candidate's selector pairs are checked.
+    uses: Option<(u32, u32)>,
+    /// INVARIANT: if true, the candidates are in `restrictiveness` order,
+    /// ties in file order, so the first match is the winner; if false (some
+    /// ceiling with a 0 ms window, see `orders_totally`) they are in file
+    /// order and the winner is the fold of `replaces` over the matches.
+    ranked: bool,
+    /// Every candidate runs as one account, so no match can be ambiguous.
+    one_account: bool,
+}
+
+impl List {
+    fn len(&self) -> usize {
+        (self.end - self.start) as usize
+    }
+
+    /// Words per bitset of this list's candidates.
+    fn words(&self) -> usize {
+        self.len().div_ceil(64)
+    }
+}
+
+/// The value bitsets of one slot in one list: the bitset of the candidates
+/// value `v` admits (those that require `v` of the slot, or nothing of it)
+/// is `words[at + v × list.words()..]`, for every `v` up to and including the
+/// vocabulary's unknown number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SlotMasks {
+    slot: u32,
+    at: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Index {
-    /// Issuer id → its number (issuers that some grant names).
-    issuers: IdMap<u32>,
+    /// Issuer ids that some grant names, numbered in sorted order.
+    issuers: Dictionary<1>,
     vocabularies: Vec<Vocabulary>,
-    /// Per capability index: `spans[from..to]`, sorted by issuer number.
+    /// Per capability index: `lists[from..to]`, sorted by issuer number.
     by_capability: Vec<(u32, u32)>,
-    spans: Vec<Span>,
-    /// Every list's candidates, list after list, each list in file order.
+    lists: Vec<List>,
+    /// Every list's candidates, list after list.
     candidates: Vec<Candidate>,
-    /// `rates[i]` is the ceiling of `candidates[i]`, apart because the loop
-    /// reads it only for the grants that match.
+    /// `rates[i]` is the ceiling of `candidates[i]`, apart because only an
+    /// unranked list's fold reads it.
     rates: Vec<Option<Rate>>,
-    /// (slot, value number) pairs of every candidate's selector, in candidate order.
+    /// Per list, the positions of its candidates in file order: where steps 4
+    /// and 5 look for the first match of some kind.
+    file_order: Vec<u32>,
+    /// (slot, value number) pairs of the selectors of lists that keep pairs.
     pairs: Vec<(u32, u32)>,
+    uses: Vec<SlotMasks>,
+    /// Every list's bitsets: disabled candidates, then value bitsets.
+    words: Vec<u64>,
 }
 
 fn number(n: usize) -> u32 {
-    // INVARIANT: a ruleset has fewer than 2^32 grants, selector pairs and
-    // capabilities (an artifact is bounded far below that).
+    // INVARIANT: a ruleset has fewer than 2^32 grants, selector pairs,
+    // candidates, bitset words and capabilities (an artifact is bounded far
+    // below that).
     u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The positions of the set bits of `words`, in increasing order.
+fn ones(words: &[u64]) -> impl Iterator<Item = usize> + '_ {
+    words.iter().enumerate().flat_map(|(at, &word)| {
+        let mut rest = word;
+        std::iter::from_fn(move || {
+            if rest == 0 {
+                return None;
+            }
+            let bit = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            Some(at * 64 + bit)
+        })
+    })
+}
+
+fn set(words: &mut [u64], bit: usize) {
+    words[bit / 64] |= 1 << (bit % 64);
+}
+
+fn has(words: &[u64], bit: usize) -> bool {
+    words[bit / 64] >> (bit % 64) & 1 == 1
 }
 
 impl Index {
@@ -112,43 +199,43 @@ impl Index {
                 names.entry(name.as_str()).or_default().insert(value.as_str());
             }
         }
-        let mut issuers = IdMap::default();
-        let mut vocabularies = Vec::with_capacity(issuer_names.len());
-        for (number_of, (issuer, names)) in issuer_names.iter().enumerate() {
-            issuers.insert(Box::from(*issuer), number(number_of));
-            vocabularies.push(Vocabulary {
-                slots: names
-                    .keys()
-                    .enumerate()
-                    .map(|(slot, &name)| (Box::from(name), number(slot)))
-                    .collect(),
-                values: names
-                    .values()
-                    .map(|values| {
+        let issuers = Dictionary::new(issuer_names.keys().map(|&issuer| [issuer]));
+        let vocabularies: Vec<Vocabulary> = issuer_names
+            .values()
+            .map(|names| {
+                let pairs = || {
+                    names.iter().enumerate().flat_map(|(slot, (&name, values))| {
                         values
                             .iter()
                             .enumerate()
-                            .map(|(at, &value)| (Box::from(value), number(at)))
-                            .collect()
+                            .map(move |(at, &value)| (slot, name, at, value))
                     })
-                    .collect(),
-            });
-        }
+                };
+                Vocabulary {
+                    pairs: Dictionary::new(pairs().map(|(_, name, _, value)| [name, value])),
+                    required: pairs()
+                        .map(|(slot, _, at, _)| (number(slot), number(at)))
+                        .collect(),
+                    unknown: names.values().map(|values| number(values.len())).collect(),
+                }
+            })
+            .collect();
 
         // Each grant's selector as pairs, and its account as a number.
         let mut accounts: HashMap<&str, u32, FxBuildHasher> = HashMap::default();
         let mut lists: Vec<BTreeMap<u32, Vec<u32>>> = vec![BTreeMap::new(); capabilities];
         let mut selectors: Vec<Vec<(u32, u32)>> = Vec::with_capacity(grants.len());
         for (at, grant) in grants.iter().enumerate() {
-            let issuer = issuers[grant.issuer.as_str()];
+            // INVARIANT: every grant's issuer and selector pair is in the
+            // dictionaries, built above from these very grants.
+            let issuer = number(issuers.get([&grant.issuer]).unwrap_or_default());
             let vocabulary = &vocabularies[issuer as usize];
             let pairs = grant
                 .selector
                 .iter()
                 .map(|(name, value)| {
-                    // Every selector pair is in its issuer's vocabulary, built above.
-                    let slot = vocabulary.slots[name.as_str()];
-                    (slot, vocabulary.values[slot as usize][value.as_str()])
+                    let at = vocabulary.pairs.get([name, value]).unwrap_or_default();
+                    vocabulary.required[at]
                 })
                 .collect();
             selectors.push(pairs);
@@ -172,93 +259,255 @@ impl Index {
             ..Index::default()
         };
         for by_issuer in lists {
-            let from = number(index.spans.len());
-            for (issuer, list) in by_issuer {
-                let start = number(index.candidates.len());
-                for at in list {
-                    let grant = &grants[at as usize];
-                    let selector = &selectors[at as usize];
-                    index.candidates.push(Candidate {
-                        grant: at,
-                        account: accounts[grant.account.id.as_str()],
-                        disabled: grant.account.disabled,
-                        start: number(index.pairs.len()),
-                        len: number(selector.len()),
-                    });
-                    index.rates.push(grant.limits.as_ref().map(Rate::of));
-                    index.pairs.extend_from_slice(selector);
+            let from = number(index.lists.len());
+            for (issuer, mut members) in by_issuer {
+                let rate = |at: &u32| grants[*at as usize].limits.as_ref().map(Rate::of);
+                let ranked = members.iter().all(|at| orders_totally(rate(at)));
+                if ranked {
+                    // Stable: candidates of equal restrictiveness stay in file order.
+                    members.sort_by(|a, b| restrictiveness(rate(a), rate(b)));
                 }
-                index.spans.push(Span {
-                    issuer,
-                    start,
-                    end: number(index.candidates.len()),
-                });
+                index.push_list(issuer, &members, ranked, grants, &selectors, &accounts);
             }
-            index.by_capability.push((from, number(index.spans.len())));
+            index.by_capability.push((from, number(index.lists.len())));
         }
         index
     }
 
+    /// Appends the list of `members` (grant indices, in the list's order).
+    fn push_list(
+        &mut self,
+        issuer: u32,
+        members: &[u32],
+        ranked: bool,
+        grants: &[Grant],
+        selectors: &[Vec<(u32, u32)>],
+        accounts: &HashMap<&str, u32, FxBuildHasher>,
+    ) {
+        let start = number(self.candidates.len());
+        let words = members.len().div_ceil(64);
+        let disabled = self.words.len();
+        self.words.resize(disabled + words, 0);
+        for (at, &grant) in members.iter().enumerate() {
+            let grant = &grants[grant as usize];
+            if grant.account.disabled {
+                set(&mut self.words[disabled..], at);
+            }
+            self.rates.push(grant.limits.as_ref().map(Rate::of));
+        }
+        let first_account = members.first().map(|&at| grants[at as usize].account.id.as_str());
+        let one_account = members
+            .iter()
+            .all(|&at| Some(grants[at as usize].account.id.as_str()) == first_account);
+
+        // The slots this list's selectors use, and what their bitsets would cost.
+        let used: BTreeSet<u32> = members
+            .iter()
+            .flat_map(|&at| selectors[at as usize].iter().map(|&(slot, _)| slot))
+            .collect();
+        let vocabulary = &self.vocabularies[issuer as usize];
+        let pairs: usize = members.iter().map(|&at| selectors[at as usize].len()).sum();
+        let cost: usize = used
+            .iter()
+            .map(|&slot| (vocabulary.unknown(slot as usize) as usize + 1) * words)
+            .sum();
+        let uses = if cost <= WORDS_PER_ENTRY * (members.len() + pairs) {
+            let from = number(self.uses.len());
+            for &slot in &used {
+                let at = self.words.len();
+                let values = vocabulary.unknown(slot as usize) as usize + 1;
+                self.words.resize(at + values * words, 0);
+                for (bit, &member) in members.iter().enumerate() {
+                    // A value admits the candidate iff every pair on the slot
+                    // requires exactly it: no pair, every value (absence
+                    // included); pairs requiring two values, none.
+                    let mut required = selectors[member as usize]
+                        .iter()
+                        .filter(|&&(of, _)| of == slot)
+                        .map(|&(_, value)| value as usize);
+                    let admitted = match required.next() {
+                        None => 0..values,
+                        Some(value) if required.all(|other| other == value) => value..value + 1,
+                        Some(_) => 0..0,
+                    };
+                    for value in admitted {
+                        set(&mut self.words[at + value * words..], bit);
+                    }
+                }
+                self.uses.push(SlotMasks { slot, at: number(at) });
+            }
+            Some((from, number(self.uses.len())))
+        } else {
+            None
+        };
+
+        let mut by_file: Vec<u32> = (0..number(members.len())).collect();
+        by_file.sort_by_key(|&at| members[at as usize]);
+        self.file_order.extend(by_file);
+        for &member in members {
+            let grant = &grants[member as usize];
+            let selector = &selectors[member as usize];
+            self.candidates.push(Candidate {
+                grant: member,
+                account: accounts[grant.account.id.as_str()],
+                start: number(self.pairs.len()),
+                len: number(if uses.is_some() { 0 } else { selector.len() }),
+            });
+            if uses.is_none() {
+                self.pairs.extend_from_slice(selector);
+            }
+        }
+        self.lists.push(List {
+            issuer,
+            start,
+            end: number(self.candidates.len()),
+            disabled: number(disabled),
+            uses,
+            ranked,
+            one_account,
+        });
+    }
+
     /// The principal's interned form for this index.
     pub(crate) fn intern(&self, principal: &Principal) -> Interned {
-        let Some(&issuer) = self.issuers.get(principal.issuer.as_str()) else {
+        let Some(issuer) = self.issuers.get([&principal.issuer]) else {
             return Interned {
                 issuer: None,
                 values: Values::new(0),
             };
         };
-        let vocabulary = &self.vocabularies[issuer as usize];
-        let mut values = Values::new(vocabulary.values.len());
+        let vocabulary = &self.vocabularies[issuer];
+        let mut values = Values::new(vocabulary.unknown.len());
         let slots = values.slots_mut();
+        slots.copy_from_slice(&vocabulary.unknown);
+        // An attribute no selector names, or with a value none requires,
+        // is not in the dictionary: its slot, if any, stays unknown.
         for (name, value) in &principal.attributes {
-            let Some(&slot) = vocabulary.slots.get(name.as_str()) else {
-                continue;
-            };
-            if let Some(&known) = vocabulary.values[slot as usize].get(value.as_str()) {
+            if let Some(at) = vocabulary.pairs.get([name, value]) {
+                let (slot, known) = vocabulary.required[at];
                 slots[slot as usize] = known;
             }
         }
         Interned {
-            issuer: Some(issuer),
+            issuer: Some(number(issuer)),
             values,
         }
     }
 
-    /// The candidates of `interned`'s issuer for the capability at `capability`,
-    /// in file order, with the offset of the first in the index (for `rate`).
-    pub(crate) fn candidates(&self, capability: usize, interned: &Interned) -> (usize, &[Candidate]) {
-        let Some(issuer) = interned.issuer else {
-            return (0, &[]);
+    /// Steps 3–7's inputs for `interned` and the capability at `capability`:
+    /// which of its issuer's candidates match, summed up as `Matches`, or
+    /// `None` if none does.
+    pub(crate) fn matches(&self, capability: usize, interned: &Interned) -> Option<Matches> {
+        let issuer = interned.issuer?;
+        let &(from, to) = self.by_capability.get(capability)?;
+        let lists = &self.lists[from as usize..to as usize];
+        let list = &lists[lists.binary_search_by_key(&issuer, |list| list.issuer).ok()?];
+        let words = list.words();
+        let mut inline = [0u64; INLINE_WORDS];
+        let mut spilled = Vec::new();
+        let matching: &mut [u64] = if words <= INLINE_WORDS {
+            &mut inline[..words]
+        } else {
+            spilled.resize(words, 0);
+            &mut spilled
         };
-        let Some(&(from, to)) = self.by_capability.get(capability) else {
-            return (0, &[]);
-        };
-        let spans = &self.spans[from as usize..to as usize];
-        match spans.binary_search_by_key(&issuer, |span| span.issuer) {
-            Ok(at) => {
-                let span = spans[at];
-                (
-                    span.start as usize,
-                    &self.candidates[span.start as usize..span.end as usize],
-                )
+        self.match_into(list, interned.values.as_ref(), matching);
+        self.summarise(list, matching)
+    }
+
+    /// Sets in `matching` (zeroed, `list.words()` long) the bit of every
+    /// candidate of `list` whose selector `values` satisfy.
+    fn match_into(&self, list: &List, values: &[u32], matching: &mut [u64]) {
+        let words = matching.len();
+        match list.uses {
+            Some((from, to)) if from == to => {
+                // No selector names any attribute: every candidate matches.
+                matching.fill(u64::MAX);
+                if list.len() % 64 != 0 {
+                    matching[words - 1] = (1 << (list.len() % 64)) - 1;
+                }
             }
-            Err(_) => (0, &[]),
+            Some((from, to)) => {
+                let uses = &self.uses[from as usize..to as usize];
+                let admitted =
+                    |uses: &SlotMasks| uses.at as usize + values[uses.slot as usize] as usize * words;
+                if let [word] = matching {
+                    // Most lists: one word, one load and one AND per slot.
+                    *word = uses
+                        .iter()
+                        .fold(u64::MAX, |word, uses| word & self.words[admitted(uses)]);
+                } else {
+                    matching.fill(u64::MAX);
+                    for uses in uses {
+                        let at = admitted(uses);
+                        for (word, mask) in matching.iter_mut().zip(&self.words[at..at + words]) {
+                            *word &= mask;
+                        }
+                    }
+                }
+            }
+            None => {
+                let candidates = &self.candidates[list.start as usize..list.end as usize];
+                for (bit, candidate) in candidates.iter().enumerate() {
+                    let start = candidate.start as usize;
+                    let selected = self.pairs[start..start + candidate.len as usize]
+                        .iter()
+                        .all(|&(slot, value)| values[slot as usize] == value);
+                    if selected {
+                        set(matching, bit);
+                    }
+                }
+            }
         }
     }
 
-    /// Whether `interned` satisfies the candidate's selector: every pair's
-    /// slot holds the pair's value.
-    pub(crate) fn selects(&self, candidate: &Candidate, interned: &Interned) -> bool {
-        let values = interned.values.as_ref();
-        let start = candidate.start as usize;
-        self.pairs[start..start + candidate.len as usize]
-            .iter()
-            .all(|&(slot, value)| values.get(slot as usize) == Some(&value))
-    }
-
-    /// The ceiling of the candidate at `offset` in the index.
-    pub(crate) fn rate(&self, offset: usize) -> Option<Rate> {
-        self.rates[offset]
+    /// What steps 3–7 read of the matches of `list`: the same answers as the
+    /// fold over the matching grants in file order (`Matches::fold`).
+    fn summarise(&self, list: &List, matching: &[u64]) -> Option<Matches> {
+        let (start, end) = (list.start as usize, list.end as usize);
+        let candidates = &self.candidates[start..end];
+        let first_match = ones(matching).next()?;
+        let winner = if list.ranked {
+            first_match
+        } else {
+            let rates = &self.rates[start..end];
+            ones(matching).fold(first_match, |incumbent, at| {
+                if replaces(rates[at], rates[incumbent]) {
+                    at
+                } else {
+                    incumbent
+                }
+            })
+        };
+        // The first in file order of the candidates that `wanted` accepts.
+        let earliest = |wanted: &dyn Fn(usize) -> bool| {
+            self.file_order[start..end]
+                .iter()
+                .map(|&at| at as usize)
+                .find(|&at| wanted(at))
+                .map(|at| candidates[at].grant as usize)
+        };
+        let ambiguous = if list.one_account {
+            None
+        } else {
+            let account = candidates[winner].account;
+            if ones(matching).any(|at| candidates[at].account != account) {
+                earliest(&|at| has(matching, at))
+            } else {
+                None
+            }
+        };
+        let disabled_words = &self.words[list.disabled as usize..list.disabled as usize + matching.len()];
+        let disabled = if matching.iter().zip(disabled_words).any(|(m, d)| m & d != 0) {
+            earliest(&|at| has(matching, at) && has(disabled_words, at))
+        } else {
+            None
+        };
+        Some(Matches {
+            winner: candidates[winner].grant as usize,
+            ambiguous,
+            disabled,
+        })
     }
 }
 
@@ -270,7 +519,8 @@ pub(crate) struct Interned {
     values: Values,
 }
 
-/// Per slot, the number of the principal's value (`ABSENT` if none).
+/// Per slot, the number of the principal's value (the slot's unknown number
+/// if it has none or one no selector requires).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Values {
     Inline { len: u8, slots: [u32; INLINE_SLOTS] },
@@ -282,9 +532,9 @@ impl Values {
         match u8::try_from(len) {
             Ok(short) if len <= INLINE_SLOTS => Values::Inline {
                 len: short,
-                slots: [ABSENT; INLINE_SLOTS],
+                slots: [0; INLINE_SLOTS],
             },
-            _ => Values::Spilled(vec![ABSENT; len]),
+            _ => Values::Spilled(vec![0; len]),
         }
     }
 
@@ -302,5 +552,49 @@ impl AsRef<[u32]> for Values {
             Values::Inline { len, slots } => &slots[..usize::from(*len)],
             Values::Spilled(values) => values,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::accounts::AccountRef;
+
+    /// `grants` grants of one issuer for one capability, the n-th selecting
+    /// `team: value(n)`.
+    fn index(grants: usize, value: impl Fn(usize) -> String) -> Index {
+        let grants: Vec<Grant> = (0..grants)
+            .map(|n| Grant {
+                issuer: "corp".to_owned(),
+                selector: vec![("team".to_owned(), value(n))],
+                capabilities: vec!["crm.read".to_owned()],
+                account: AccountRef {
+                    id: "svc".to_owned(),
+                    disabled: false,
+                },
+                limits: None,
+                path: format!("/grants/{n}"),
+            })
+            .collect();
+        Index::new(1, &grants, |id| (id == "crm.read").then_some(0))
+    }
+
+    #[test]
+    fn bitsets_where_they_are_cheap_pairs_where_they_would_grow_quadratically() {
+        // 300 candidates on 3 values: 4 bitsets of 5 words.
+        let few = index(300, |n| format!("t{}", n % 3));
+        assert_eq!(few.lists.len(), 1);
+        assert!(few.lists[0].uses.is_some());
+        assert_eq!(few.words.len(), 5 + 4 * 5);
+        assert!(few.pairs.is_empty());
+        // 300 candidates on 300 values: 301 bitsets of 5 words, within
+        // WORDS_PER_ENTRY per candidate and pair (2 400 words).
+        assert!(index(300, |n| format!("t{n}")).lists[0].uses.is_some());
+        // 1 000 on 1 000 values would need 1 001 bitsets of 16 words, twice
+        // the bound: kept as pairs, 1 000 of them.
+        let many = index(1_000, |n| format!("t{n}"));
+        assert!(many.lists[0].uses.is_none());
+        assert_eq!(many.words.len(), 16);
+        assert_eq!(many.pairs.len(), 1_000);
     }
 }

@@ -89,13 +89,26 @@ fn window_order(a: Option<Rate>, b: Option<Rate>) -> Ordering {
     window(a).cmp(&window(b))
 }
 
+/// The "most restrictive" order: the lower rate first, then the shorter
+/// window; `Less` means `a` is the more restrictive.
+pub(crate) fn restrictiveness(a: Option<Rate>, b: Option<Rate>) -> Ordering {
+    rate_order(a, b).then_with(|| window_order(a, b))
+}
+
 /// `more_restrictive` on rates: the one rule, which both spellings call.
 pub(crate) fn replaces(candidate: Option<Rate>, incumbent: Option<Rate>) -> bool {
-    match rate_order(candidate, incumbent) {
-        Ordering::Less => true,
-        Ordering::Greater => false,
-        Ordering::Equal => window_order(candidate, incumbent) == Ordering::Less,
-    }
+    restrictiveness(candidate, incumbent) == Ordering::Less
+}
+
+/// Whether `restrictiveness` orders `rate` consistently with every other such
+/// rate: it does for any ceiling whose window is not empty, and for none.
+/// Among those it compares `calls / window_ms` as exact fractions, so it is a
+/// total preorder, and the file-order fold of `replaces` picks the earliest
+/// of the least elements — which a sort can precompute. A 0 ms window makes
+/// the cross-multiplication call it equal to everything of rate 0 and of
+/// rate ∞ alike, which is not transitive: only the fold defines its winner.
+pub(crate) fn orders_totally(rate: Option<Rate>) -> bool {
+    rate.is_none_or(|rate| rate.window_ms > 0)
 }
 
 /// Whether `candidate` replaces `incumbent` as the most restrictive ceiling:

@@ -8,6 +8,7 @@
 //! Architecture invariant: a denial has no account and no limits to read.
 
 mod decision;
+mod dictionary;
 mod diff;
 mod evaluate;
 mod index;

@@ -2,8 +2,11 @@
 //! (docs/reference.md#compilation), with what a decision needs precomputed (the decision
 //! index, `index.rs`) so that evaluating is index lookups, not scans.
 
+use std::collections::BTreeMap;
+
+use super::dictionary::Dictionary;
 use super::evaluate::Prepared;
-use super::index::{IdMap, Index};
+use super::index::Index;
 use super::Limits;
 use crate::accounts::AccountRef;
 use crate::principals::Principal;
@@ -61,8 +64,10 @@ impl Grant {
 pub struct Ruleset {
     capabilities: Vec<CapabilityRule>,
     grants: Vec<Grant>,
-    /// Capability id → index of its first declaration.
-    by_capability: IdMap<usize>,
+    /// Capability id → its number, an index into `declared_at`.
+    ids: Dictionary<1>,
+    /// Per capability id number: the index of its first declaration.
+    declared_at: Vec<usize>,
     /// Per capability index: the index of the first declaration of its id
     /// (itself, unless the id is declared twice), which is what a decision on
     /// that id reads.
@@ -73,22 +78,26 @@ pub struct Ruleset {
 
 impl Ruleset {
     pub fn new(capabilities: Vec<CapabilityRule>, grants: Vec<Grant>) -> Self {
-        let mut by_capability = IdMap::default();
-        by_capability.reserve(capabilities.len());
+        let mut first: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut declared_at = Vec::new();
         for (index, capability) in capabilities.iter().enumerate() {
-            by_capability
-                .entry(Box::from(capability.id.as_str()))
-                .or_insert(index);
+            first.entry(capability.id.as_str()).or_insert_with(|| {
+                declared_at.push(index);
+                index
+            });
         }
+        // Numbered in declaration order: `declared_at[n]` is the n-th distinct id's.
+        let ids = Dictionary::new(declared_at.iter().map(|&index| [capabilities[index].id.as_str()]));
         let first_declaration = capabilities
             .iter()
-            .map(|capability| by_capability[capability.id.as_str()])
+            .map(|capability| first[capability.id.as_str()])
             .collect();
-        let index = Index::new(capabilities.len(), &grants, |id| by_capability.get(id).copied());
+        let index = Index::new(capabilities.len(), &grants, |id| first.get(id).copied());
         Ruleset {
             capabilities,
             grants,
-            by_capability,
+            ids,
+            declared_at,
             first_declaration,
             index,
         }
@@ -104,7 +113,7 @@ impl Ruleset {
 
     /// The declared capability with that id (its first declaration).
     pub fn capability(&self, id: &str) -> Option<(usize, &CapabilityRule)> {
-        let &index = self.by_capability.get(id)?;
+        let index = self.declared_at[self.ids.get([id])?];
         Some((index, &self.capabilities[index]))
     }
 
