@@ -27,6 +27,7 @@ use capgate_core::access::ReasonCode;
 use serde_json::{json, Value};
 use support::client::{example_with_ceiling, CATALOG, POLICY};
 use support::postgres::TestDatabase;
+use support::counting::consume;
 
 const BIN: &str = env!("CARGO_BIN_EXE_capgate");
 
@@ -497,10 +498,8 @@ async fn policies_and_usage(url: String, store: AnyStore) {
     };
     let window = capgate::clock::now();
     for _ in 0..3 {
-        store
-            .consume(read, window, 3_600_000, 300)
-            .await
-            .expect("consume");
+        consume(&store, read, window, 3_600_000, 300)
+            .await;
     }
     let usage = |extra: &[&str]| {
         let mut all = vec!["usage", "--principal", "staff:ana", "--database-url", &url];

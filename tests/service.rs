@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use capgate::service::{self, Config, ConfigError, PolicyFile, Running, StartError, Token};
 use capgate::store::{
-    self, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Claim, Consumed, CounterKey, CounterReading,
+    self, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Claim, CounterKey, CounterReading,
     DecisionNote, ExpectedRevision, NewPolicy, PrunedPeriod, PublishOutcome, Remembered, SqliteStore, Store,
     StoreError, StoreOptions, StoreResult, StoredPolicy,
 };
@@ -106,7 +106,8 @@ on_both_stores! {
 struct Flaky {
     inner: AnyStore,
     reads_down: Arc<AtomicBool>,
-    consumes_down: Arc<AtomicBool>,
+    /// Counting capped calls fails (their batch is then stored without counting them).
+    counters_down: Arc<AtomicBool>,
     audit_down: Arc<AtomicBool>,
 }
 
@@ -197,20 +198,24 @@ impl Store for Flaky {
             }
         }
     }
-    fn consume(
+    fn commit_batch(
         &self,
-        key: CounterKey<'_>,
-        at_ms: i64,
-        window_ms: u64,
-        limit: u64,
-    ) -> impl Future<Output = StoreResult<Consumed>> + Send {
-        let fail = self.consumes_down.load(Ordering::SeqCst);
-        let consume = self.inner.consume(key, at_ms, window_ms, limit);
+        asks: &[store::CounterAsk],
+        records: &[AuditRecord],
+        remembered: &[store::RememberedEntry],
+        settle: store::Settle<'_>,
+        gate: &store::CommitGate,
+    ) -> impl Future<Output = StoreResult<Vec<store::Tally>>> + Send {
+        let counters_down = self.counters_down.load(Ordering::SeqCst) && !asks.is_empty();
+        let audit_down = self.audit_down.load(Ordering::SeqCst);
+        let commit = self.inner.commit_batch(asks, records, remembered, settle, gate);
         async move {
-            if fail {
-                down("consume")
+            if counters_down {
+                down(store::COUNT_USAGE)
+            } else if audit_down {
+                down("commit_batch")
             } else {
-                consume.await
+                commit.await
             }
         }
     }
@@ -327,7 +332,7 @@ impl Harness {
         let store = Flaky {
             inner: place.store().await,
             reads_down: Arc::new(AtomicBool::new(false)),
-            consumes_down: Arc::new(AtomicBool::new(false)),
+            counters_down: Arc::new(AtomicBool::new(false)),
             audit_down: Arc::new(AtomicBool::new(false)),
         };
         let mut config = Config::new(vec!["127.0.0.1:0".parse().unwrap()]);
@@ -1134,23 +1139,18 @@ async fn a_failing_counter_store_denies_capped_calls_and_allows_uncapped_ones(ki
         "/grants/7".to_owned(),
         "payments-bot".to_owned(),
     );
-    // A read that fails is unknown usage, never zero (a reader that answered
-    // 0 here would let the consumption below go through and allow).
-    harness.store.reads_down.store(true, Ordering::SeqCst);
+    // Counting that fails is unknown usage, never zero (a counter that answered
+    // 0 here would allow), and the call is still answered and recorded.
+    harness.store.counters_down.store(true, Ordering::SeqCst);
     assert_eq!(summary(&harness.decide(payments()).await.unwrap()), usage_unknown);
-    harness.store.reads_down.store(false, Ordering::SeqCst);
-    // A consumption that fails is unknown usage too.
-    harness.store.consumes_down.store(true, Ordering::SeqCst);
     assert_eq!(summary(&harness.decide(payments()).await.unwrap()), usage_unknown);
-    // An uncapped grant does not need the counter store at all.
-    harness.store.reads_down.store(true, Ordering::SeqCst);
+    // An uncapped grant does not need the counters at all.
     let uncapped = harness
         .decide(for_capability(principal("staff", "dee", &[]), "docs.page.search"))
         .await
         .unwrap();
     assert_eq!(summary(&uncapped).1, ReasonCode::Granted);
-    harness.store.reads_down.store(false, Ordering::SeqCst);
-    harness.store.consumes_down.store(false, Ordering::SeqCst);
+    harness.store.counters_down.store(false, Ordering::SeqCst);
     // Nothing was counted while it failed: the first counted call opens the window.
     let recovered = harness.decide(payments()).await.unwrap();
     assert_eq!(summary(&recovered).1, ReasonCode::Granted);

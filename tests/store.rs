@@ -28,15 +28,17 @@ use std::time::Duration;
 use capgate::store::retention::{self, Period};
 use capgate::store::{
     connect, ActivateOutcome, Activation, ActivationKind, Actor, AnyStore, AuditCursor, AuditFilter,
-    AuditGroup, AuditRecord, Claim, Consumed, CounterKey, CounterReading, Door, GroupKey, NewPolicy,
+    AuditGroup, AuditRecord, Claim, CommitGate, CounterAsk, CounterKey, CounterReading, Door, GroupKey, NewPolicy,
     PostgresStore, PrunedPeriod, PublishOutcome, RecordCode, RecordKind, RecordOutcome, Remembered,
-    SqliteStore, Store, StoreError, StoreOptions, StoredCounter, StoredPolicy, UsageReset,
+    RememberedEntry, SqliteStore, Store, StoreError, StoreOptions, StoredCounter, StoredPolicy, Tally,
+    UsageReset,
 };
 use capgate_core::access::ReasonCode;
 use capgate_core::principals::AuthProblem;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, SqliteConnection};
 use support::postgres::{server_url, TestDatabase};
+use support::counting::{consume, Consumed};
 use support::unique;
 
 // ── The suite ─────────────────────────────────────────────────────────────
@@ -112,6 +114,8 @@ suite! {
         an_expired_window_restarts,
         a_window_starting_later_has_not_expired,
         a_zero_ceiling_takes_nothing,
+        a_batch_counts_in_arrival_order_with_its_records,
+        an_abandoned_or_refused_batch_counts_nothing,
         audit_records_round_trip,
         audit_queries_filter,
         appending_again_changes_nothing,
@@ -127,6 +131,7 @@ suite! {
     pair: [
         concurrent_publishes_one_wins,
         the_ceiling_holds_under_concurrency,
+        batches_of_many_counters_on_two_replicas_queue_and_stay_exact,
         concurrent_claims_one_wins,
     ],
     raw: [
@@ -659,7 +664,7 @@ async fn calls_stop_at_the_ceiling<S: Store>(store: S) {
     assert_eq!(taken(&store, key, 2_000, 3).await, counted(2, 1_000));
     assert_eq!(taken(&store, key, 3_000, 3).await, counted(3, 1_000));
     assert_eq!(
-        store.consume(key, 4_000, WINDOW_MS, 3).await.expect("consume"),
+        consume(&store, key, 4_000, WINDOW_MS, 3).await,
         Consumed::Refused
     );
     assert_eq!(
@@ -692,7 +697,7 @@ async fn an_expired_window_restarts<S: Store>(store: S) {
     }
     // One millisecond before the window ends: still full.
     assert_eq!(
-        store.consume(key, 60_999, WINDOW_MS, 3).await.expect("consume"),
+        consume(&store, key, 60_999, WINDOW_MS, 3).await,
         Consumed::Refused
     );
     // `at − window_start ≥ window`: a new window with one call.
@@ -713,7 +718,7 @@ async fn a_window_starting_later_has_not_expired<S: Store>(store: S) {
     assert_eq!(taken(&store, key, 5_000, 3).await, counted(2, 10_000));
     assert_eq!(taken(&store, key, 5_000, 3).await, counted(3, 10_000));
     assert_eq!(
-        store.consume(key, 5_000, WINDOW_MS, 3).await.expect("consume"),
+        consume(&store, key, 5_000, WINDOW_MS, 3).await,
         Consumed::Refused
     );
 
@@ -723,18 +728,16 @@ async fn a_window_starting_later_has_not_expired<S: Store>(store: S) {
         capability: "forever",
     };
     assert_eq!(
-        store.consume(forever, 0, u64::MAX, 1).await.expect("consume"),
+        consume(&store, forever, 0, u64::MAX, 1).await,
         Consumed::Taken(counted(1, 0))
     );
     assert_eq!(
-        store
-            .consume(forever, i64::MAX, u64::MAX, 1)
-            .await
-            .expect("consume"),
+        consume(&store, forever, i64::MAX, u64::MAX, 1)
+            .await,
         Consumed::Refused
     );
     assert_eq!(
-        store.consume(forever, i64::MIN, 1, 1).await.expect("consume"),
+        consume(&store, forever, i64::MIN, 1, 1).await,
         Consumed::Refused
     );
     // … except the one difference as large as the window itself.
@@ -742,9 +745,9 @@ async fn a_window_starting_later_has_not_expired<S: Store>(store: S) {
         principal_id: "alice",
         capability: "ends",
     };
-    let opened = store.consume(ends, i64::MIN, u64::MAX, 1).await.expect("consume");
+    let opened = consume(&store, ends, i64::MIN, u64::MAX, 1).await;
     assert_eq!(opened, Consumed::Taken(counted(1, i64::MIN)));
-    let restarted = store.consume(ends, i64::MAX, u64::MAX, 1).await.expect("consume");
+    let restarted = consume(&store, ends, i64::MAX, u64::MAX, 1).await;
     assert_eq!(restarted, Consumed::Taken(counted(1, i64::MAX)));
 }
 
@@ -754,7 +757,7 @@ async fn a_zero_ceiling_takes_nothing<S: Store>(store: S) {
         capability: "tickets.read",
     };
     assert_eq!(
-        store.consume(key, 1_000, WINDOW_MS, 0).await.expect("consume"),
+        consume(&store, key, 1_000, WINDOW_MS, 0).await,
         Consumed::Refused
     );
     assert_eq!(store.read_usage(key).await.expect("read"), None);
@@ -784,7 +787,7 @@ async fn the_ceiling_holds_under_concurrency<S: Store>(store: S, replica: S) {
                 let mut taken = Vec::new();
                 for call in 0..CALLS_PER_TASK {
                     let at = window_start + (call as i64);
-                    match store.consume(key, at, WINDOW_MS, LIMIT).await.expect("consume") {
+                    match consume(&store, key, at, WINDOW_MS, LIMIT).await {
                         Consumed::Taken(counted) => taken.push(counted),
                         Consumed::Refused => {}
                     }
@@ -817,6 +820,165 @@ async fn the_ceiling_holds_under_concurrency<S: Store>(store: S, replica: S) {
             store.read_usage(key).await.expect("read"),
             Some(counted(LIMIT, window_start))
         );
+    }
+}
+
+/// A capped call of `principal` at `at_ms` on `tickets.read`, at most `limit` per window.
+fn ask(principal: &str, at_ms: i64, limit: u64) -> CounterAsk {
+    CounterAsk {
+        principal_id: principal.to_owned(),
+        capability: "tickets.read".to_owned(),
+        at_ms,
+        window_ms: WINDOW_MS,
+        limit,
+    }
+}
+
+/// One record per tally, as the server settles a capped call: `d<first>`, `d<first + 1>`, …,
+/// allowed when taken, `limit_exhausted` when refused.
+fn settle_from(first: u32) -> impl Fn(&[Tally]) -> (Vec<AuditRecord>, Vec<RememberedEntry>) + Sync {
+    move |tallies: &[Tally]| {
+        let records = (first..)
+            .zip(tallies)
+            .map(|(n, tally)| match tally {
+                Tally::Taken(now) => AuditRecord {
+                    usage_calls: Some(now.calls),
+                    ..record(n, 1_000, "alice", "tickets.read", "allow", "granted")
+                },
+                Tally::Refused(_) => record(n, 1_000, "alice", "tickets.read", "deny", "limit_exhausted"),
+            })
+            .collect();
+        (records, Vec::new())
+    }
+}
+
+async fn a_batch_counts_in_arrival_order_with_its_records<S: Store>(store: S) {
+    let asks = [
+        ask("bob", 1_000, 2),
+        ask("alice", 1_001, 2),
+        ask("bob", 1_002, 2),
+        ask("bob", 1_003, 2),
+    ];
+    let plain = record(1, 1_000, "carol", "tickets.read", "deny", "no_grant_matches");
+    let settle = settle_from(10);
+    let tallies = store
+        .commit_batch(&asks, std::slice::from_ref(&plain), &[], &settle, &CommitGate::default())
+        .await
+        .expect("commit");
+    assert_eq!(
+        tallies,
+        vec![
+            Tally::Taken(counted(1, 1_000)),
+            Tally::Taken(counted(1, 1_001)),
+            Tally::Taken(counted(2, 1_000)),
+            Tally::Refused(counted(2, 1_000)),
+        ],
+        "in arrival order, until bob's window is full"
+    );
+    let bob = CounterKey {
+        principal_id: "bob",
+        capability: "tickets.read",
+    };
+    assert_eq!(store.read_usage(bob).await.expect("read"), Some(counted(2, 1_000)));
+    let stored = store.query_audit(&all(10)).await.expect("query");
+    let mut ids: Vec<&str> = stored.iter().map(|record| record.decision_id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, vec!["d1", "d10", "d11", "d12", "d13"], "the batch's records and the settled ones");
+
+    // A ceiling of zero counts nothing and leaves no row behind (PostgreSQL locks a row it
+    // inserts for the purpose).
+    let nobody = ask("dave", 2_000, 0);
+    let tallies = store
+        .commit_batch(&[nobody], &[], &[], &settle_from(20), &CommitGate::default())
+        .await
+        .expect("commit");
+    assert_eq!(tallies, vec![Tally::Refused(counted(0, 2_000))]);
+    let dave = CounterKey {
+        principal_id: "dave",
+        capability: "tickets.read",
+    };
+    assert_eq!(store.read_usage(dave).await.expect("read"), None);
+}
+
+async fn an_abandoned_or_refused_batch_counts_nothing<S: Store>(store: S) {
+    let key = CounterKey {
+        principal_id: "alice",
+        capability: "tickets.read",
+    };
+    // Abandoned by the writer before it could commit: rolled back.
+    let gate = CommitGate::default();
+    assert!(gate.abandon());
+    let abandoned = store
+        .commit_batch(&[ask("alice", 1_000, 5)], &[], &[], &settle_from(1), &gate)
+        .await;
+    assert!(matches!(abandoned, Err(StoreError::Abandoned)), "{abandoned:?}");
+    assert_eq!(store.read_usage(key).await.expect("read"), None, "nothing counted");
+    assert_eq!(store.query_audit(&all(10)).await.expect("query"), vec![]);
+
+    // A settled record the store refuses (a count past BIGINT) fails the batch, counters included.
+    let huge = |_: &[Tally]| {
+        let record = AuditRecord {
+            limit_calls: Some(u64::MAX),
+            ..record(2, 1_000, "alice", "tickets.read", "allow", "granted")
+        };
+        (vec![record], Vec::new())
+    };
+    let refused = store
+        .commit_batch(&[ask("alice", 1_000, 5)], &[], &[], &huge, &CommitGate::default())
+        .await;
+    assert!(refused.as_ref().is_err_and(StoreError::is_data_error), "{refused:?}");
+    assert_eq!(store.read_usage(key).await.expect("read"), None, "nothing counted");
+    assert_eq!(store.query_audit(&all(10)).await.expect("query"), vec![]);
+}
+
+/// Batches of asks over overlapping counters, from two replicas at once: they queue on the
+/// counters' locks (taken in one order, so never in a cycle) and every counter ends exactly at
+/// its ceiling, with exactly that many calls taken.
+async fn batches_of_many_counters_on_two_replicas_queue_and_stay_exact<S: Store>(store: S, replica: S) {
+    const TASKS: usize = 16;
+    const BATCHES_PER_TASK: usize = 6;
+    const PRINCIPALS: usize = 5;
+    const LIMIT: u64 = 20;
+    let mut tasks = Vec::with_capacity(TASKS);
+    for task in 0..TASKS {
+        let store = if task % 2 == 0 { store.clone() } else { replica.clone() };
+        tasks.push(tokio::spawn(async move {
+            let mut taken = vec![0_u64; PRINCIPALS];
+            for batch in 0..BATCHES_PER_TASK {
+                // Each batch names the principals in its own rotation, some twice.
+                let asks: Vec<CounterAsk> = (0..PRINCIPALS + 2)
+                    .map(|n| ask(&format!("p{}", (n + task + batch) % PRINCIPALS), 1_000, LIMIT))
+                    .collect();
+                let nothing = |_: &[Tally]| (Vec::new(), Vec::new());
+                let tallies = store
+                    .commit_batch(&asks, &[], &[], &nothing, &CommitGate::default())
+                    .await
+                    .expect("commit");
+                for (ask, tally) in asks.iter().zip(tallies) {
+                    if matches!(tally, Tally::Taken(_)) {
+                        let principal: usize = ask.principal_id[1..].parse().expect("p<n>");
+                        taken[principal] += 1;
+                    }
+                }
+            }
+            taken
+        }));
+    }
+    let mut taken = vec![0_u64; PRINCIPALS];
+    for task in tasks {
+        for (total, of_task) in taken.iter_mut().zip(task.await.expect("batch task")) {
+            *total += of_task;
+        }
+    }
+    // 16 × 6 × 7 = 672 asks over 5 counters: every one is full, and no call past its ceiling.
+    assert_eq!(taken, vec![LIMIT; PRINCIPALS]);
+    for principal in 0..PRINCIPALS {
+        let principal_id = format!("p{principal}");
+        let key = CounterKey {
+            principal_id: &principal_id,
+            capability: "tickets.read",
+        };
+        assert_eq!(store.read_usage(key).await.expect("read"), Some(counted(LIMIT, 1_000)));
     }
 }
 
@@ -2160,10 +2322,8 @@ fn counted(calls: u64, window_start_ms: i64) -> CounterReading {
 
 /// Consumes one call in a [`WINDOW_MS`] window, which must be granted.
 async fn taken<S: Store>(store: &S, key: CounterKey<'_>, at_ms: i64, limit: u64) -> CounterReading {
-    match store
-        .consume(key, at_ms, WINDOW_MS, limit)
+    match consume(store, key, at_ms, WINDOW_MS, limit)
         .await
-        .expect("consume")
     {
         Consumed::Taken(counted) => counted,
         Consumed::Refused => panic!("refused at {at_ms} with a ceiling of {limit}"),

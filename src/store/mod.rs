@@ -42,11 +42,13 @@ use std::time::Duration;
 use capgate_core::access::ReasonCode;
 use capgate_core::principals::AuthProblem;
 
+mod counting;
 pub mod postgres;
 pub mod retention;
 mod sql;
 pub mod sqlite;
 
+pub use counting::{CommitGate, CounterAsk, Tally, COUNT_USAGE};
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
@@ -107,6 +109,10 @@ pub enum StoreError {
     /// [`Store::policy_changed`] subscribes again.
     #[error("store error: the notification connection was lost; changes may have been missed")]
     NotificationsLost,
+    /// The audit writer stopped waiting for the batch before its commit
+    /// (`CommitGate`): it was rolled back; nothing was counted or stored.
+    #[error("store error: the batch was abandoned before its commit")]
+    Abandoned,
     /// Another prune holds the prune lock (PostgreSQL).
     #[error("store error: another prune of the audit trail is running; try again when it is done")]
     PruneRunning,
@@ -143,6 +149,12 @@ impl StoreError {
             }
             _ => false,
         }
+    }
+
+    /// Whether counting a batch's capped calls failed, before anything of the batch was
+    /// stored: the same batch may still be stored without counting them.
+    pub fn is_counting(&self) -> bool {
+        matches!(self, StoreError::Database { operation, .. } if *operation == counting::COUNT_USAGE)
     }
 
     /// Whether the store has no capgate tables: a database nothing has migrated (neither
@@ -249,14 +261,12 @@ pub struct CounterReading {
     pub window_start_ms: i64,
 }
 
-/// The result of an atomic conditional consumption.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Consumed {
-    /// One call taken; the counter now reads this.
-    Taken(CounterReading),
-    /// The window is full: nothing taken (another request took the last call).
-    Refused,
-}
+/// A response to remember for an idempotent retry: `(gateway, request_id, response)`.
+pub type RememberedEntry = (String, String, Remembered);
+
+/// The audit entries a batch's capped calls add once they are counted: called by
+/// [`Store::commit_batch`] inside its transaction with one tally per ask.
+pub type Settle<'a> = &'a (dyn Fn(&[Tally]) -> (Vec<AuditRecord>, Vec<RememberedEntry>) + Sync);
 
 /// What an audit record is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
@@ -786,16 +796,6 @@ pub trait Store: Clone + Send + Sync + 'static {
         key: CounterKey<'_>,
     ) -> impl Future<Output = StoreResult<Option<CounterReading>>> + Send;
 
-    /// In one statement: start a new window at `at_ms` if the current one
-    /// expired (`at_ms − window_start ≥ window_ms`), else add one call only if
-    /// the count stays within `limit`.
-    fn consume(
-        &self,
-        key: CounterKey<'_>,
-        at_ms: i64,
-        window_ms: u64,
-        limit: u64,
-    ) -> impl Future<Output = StoreResult<Consumed>> + Send;
 
     /// A principal's counters (one capability's, with `capability`), by capability, at most
     /// `limit`.
@@ -836,6 +836,25 @@ pub trait Store: Clone + Send + Sync + 'static {
         records: &[AuditRecord],
         remembered: &[(String, String, Remembered)],
     ) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// One audit batch in one transaction (docs/decisions/0025): counts the
+    /// capped calls `asks`, in order, against their counters — each is taken if
+    /// its window (`at_ms − window_start < window_ms`, else a new window opens at
+    /// `at_ms`) has room under its `limit`, refused otherwise — then appends
+    /// `records` and `remembered` (as [`Store::append_audit`]) together with
+    /// the entries `settle` makes of the tallies, and commits if `gate` still
+    /// lets it. Returns one tally per ask; nothing is counted or stored unless
+    /// this returns `Ok`. Counters are locked in one order (by key), so
+    /// concurrent batches of several replicas queue rather than deadlock, and a
+    /// call is counted exactly when its record is stored.
+    fn commit_batch(
+        &self,
+        asks: &[CounterAsk],
+        records: &[AuditRecord],
+        remembered: &[RememberedEntry],
+        settle: Settle<'_>,
+        gate: &CommitGate,
+    ) -> impl Future<Output = StoreResult<Vec<Tally>>> + Send;
 
     /// The response first returned to `gateway` for `request_id`.
     fn remembered(
@@ -1029,14 +1048,15 @@ impl Store for AnyStore {
         with_store!(self, store => store.read_usage(key).await)
     }
 
-    async fn consume(
+    async fn commit_batch(
         &self,
-        key: CounterKey<'_>,
-        at_ms: i64,
-        window_ms: u64,
-        limit: u64,
-    ) -> StoreResult<Consumed> {
-        with_store!(self, store => store.consume(key, at_ms, window_ms, limit).await)
+        asks: &[CounterAsk],
+        records: &[AuditRecord],
+        remembered: &[RememberedEntry],
+        settle: Settle<'_>,
+        gate: &CommitGate,
+    ) -> StoreResult<Vec<Tally>> {
+        with_store!(self, store => store.commit_batch(asks, records, remembered, settle, gate).await)
     }
 
     async fn append_audit(

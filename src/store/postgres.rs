@@ -14,6 +14,7 @@
 //! the missing ones and is retried, so no record is refused for want of a
 //! partition. Retention drops whole partitions.
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -31,10 +32,11 @@ use super::sql::{
 };
 use super::{
     ActivateOutcome, Activation, ActivationKind, Actor, AuditFilter, AuditGroup, AuditRecord, Claim,
-    Consumed, CounterKey, CounterReading, DecisionNote, ExpectedRevision, GroupKey, NewPolicy, PrunedPeriod,
-    PublishOutcome, RecordCode, Remembered, Store, StoreError, StoreOptions, StoreResult, StoredCounter,
-    StoredPolicy, UsageReset,
+    CommitGate, CounterAsk, CounterKey, CounterReading, DecisionNote, ExpectedRevision, GroupKey, NewPolicy, PrunedPeriod,
+    PublishOutcome, RecordCode, Remembered, RememberedEntry, Settle, Store, StoreError, StoreOptions, StoreResult, StoredCounter,
+    StoredPolicy, Tally, UsageReset,
 };
+use super::counting::{self, COUNT_USAGE};
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
 
@@ -479,44 +481,27 @@ impl Store for PostgresStore {
             .collect()
     }
 
-    async fn consume(
+    async fn commit_batch(
         &self,
-        key: CounterKey<'_>,
-        at_ms: i64,
-        window_ms: u64,
-        limit: u64,
-    ) -> StoreResult<Consumed> {
-        // A first call opens a window with one call in it, which a ceiling of
-        // zero does not allow.
-        if limit == 0 {
-            return Ok(Consumed::Refused);
-        }
-        // INVARIANT: one statement. The row lock the upsert takes makes
-        // concurrent consumers of one key queue; each re-evaluates `WHERE`
-        // against the row as the one before it left it, so the calls in one
-        // window never exceed `limit`, across replicas. In `SET`, `c.` names
-        // the row before the update in both expressions.
-        let counted = sqlx::query_as::<_, CounterRow>(
-            "INSERT INTO usage_counters AS c (principal_id, capability, window_start, calls) \
-             VALUES ($1, $2, $3, 1) \
-             ON CONFLICT (principal_id, capability) DO UPDATE SET \
-                 window_start = CASE WHEN c.window_start <= $4 THEN EXCLUDED.window_start \
-                                     ELSE c.window_start END, \
-                 calls = CASE WHEN c.window_start <= $4 THEN 1 ELSE c.calls + 1 END \
-             WHERE c.window_start <= $4 OR c.calls < $5 \
-             RETURNING calls, window_start",
-        )
-        .bind(key.principal_id)
-        .bind(key.capability)
-        .bind(at_ms)
-        .bind(sql::expired_at_or_before(at_ms, window_ms))
-        .bind(sql::saturating_bigint(limit))
-        .fetch_optional(&self.pool)
-        .await
-        .during("consume")?;
-        match counted {
-            Some(row) => Ok(Consumed::Taken(row.into_reading()?)),
-            None => Ok(Consumed::Refused),
+        asks: &[CounterAsk],
+        records: &[AuditRecord],
+        remembered: &[RememberedEntry],
+        settle: Settle<'_>,
+        gate: &CommitGate,
+    ) -> StoreResult<Vec<Tally>> {
+        match self.try_commit_batch(asks, records, remembered, settle, gate).await {
+            // As in `append_audit`: create the partitions the batch needs, then once more.
+            Err(StoreError::Database { source, .. }) if lacks_partition(&source) => {
+                let periods = records
+                    .iter()
+                    .map(|record| record.at_ms)
+                    .chain(asks.iter().map(|ask| ask.at_ms))
+                    .map(Period::containing)
+                    .collect();
+                self.create_partitions(&periods).await.during("commit_batch")?;
+                self.try_commit_batch(asks, records, remembered, settle, gate).await
+            }
+            committed => committed,
         }
     }
 
@@ -528,24 +513,22 @@ impl Store for PostgresStore {
         if records.is_empty() && remembered.is_empty() {
             return Ok(());
         }
-        match self.insert_audit(AuditArrays::of(records)?, remembered).await {
+        match self.append_in_one_transaction(records, remembered).await {
             // A record whose month has no partition (a replay of old records,
             // a clock far off, a database no server prepared): create the
             // partitions the batch needs and try once more. Only then, so the
             // usual batch pays nothing for it. Once, whoever created them:
             // another replica may have been first, and a second failure is
             // reported as it is.
-            Err(error) if lacks_partition(&error) => {
+            Err(StoreError::Database { source, .. }) if lacks_partition(&source) => {
                 let periods = records
                     .iter()
                     .map(|record| Period::containing(record.at_ms))
                     .collect();
                 self.create_partitions(&periods).await.during("append_audit")?;
-                self.insert_audit(AuditArrays::of(records)?, remembered)
-                    .await
-                    .during("append_audit")
+                self.append_in_one_transaction(records, remembered).await
             }
-            inserted => inserted.during("append_audit"),
+            inserted => inserted,
         }
     }
 
@@ -717,85 +700,59 @@ impl Store for PostgresStore {
 }
 
 impl PostgresStore {
-    /// Inserts a batch in one transaction, as `append_audit` describes.
-    async fn insert_audit(
+    /// `append_audit` in one transaction.
+    async fn append_in_one_transaction(
         &self,
-        columns: AuditArrays,
-        remembered: &[(String, String, Remembered)],
-    ) -> Result<(), sqlx::Error> {
-        let records = !columns.decision_id.is_empty();
-        let mut tx = self.pool.begin().await?;
-        // One statement per table, whatever the batch size: the rows travel
-        // as one array per column, which keeps the statement text (and its
-        // prepared plan) the same for every batch. Without a conflict target:
-        // the primary key is `(decision_id, at)` since the table is
-        // partitioned (migration 0002), and a replayed record carries the
-        // `at` it was made with, so it conflicts and is skipped.
-        if records {
-            sqlx::query(
-                "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
-                     principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
-                     usage_calls, policy_version, policy_revision, visible_count, visible, door) \
-                 SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], \
-                     $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], \
-                     $12::text[], $13::text[], $14::text[], $15::bigint[], $16::text[], $17::bigint[], \
-                     $18::text[], $19::bigint[], $20::bigint[], $21::text[], $22::text[]) \
-                 ON CONFLICT DO NOTHING",
-            )
-            .bind(columns.decision_id)
-            .bind(columns.at)
-            .bind(columns.request_id)
-            .bind(columns.gateway)
-            .bind(columns.kind)
-            .bind(columns.outcome)
-            .bind(columns.code)
-            .bind(columns.path)
-            .bind(columns.principal_id)
-            .bind(columns.issuer)
-            .bind(columns.subject)
-            .bind(columns.capability)
-            .bind(columns.tool)
-            .bind(columns.account_id)
-            .bind(columns.limit_calls)
-            .bind(columns.limit_per)
-            .bind(columns.usage_calls)
-            .bind(columns.policy_version)
-            .bind(columns.policy_revision)
-            .bind(columns.visible_count)
-            .bind(columns.visible)
-            .bind(columns.door)
-            .execute(&mut *tx)
-            .await?;
-        }
-        if !remembered.is_empty() {
-            let mut gateways = Vec::with_capacity(remembered.len());
-            let mut request_ids = Vec::with_capacity(remembered.len());
-            let mut decision_ids = Vec::with_capacity(remembered.len());
-            let mut responses = Vec::with_capacity(remembered.len());
-            let mut ats = Vec::with_capacity(remembered.len());
-            for (gateway, request_id, answer) in remembered {
-                gateways.push(gateway.clone());
-                request_ids.push(request_id.clone());
-                decision_ids.push(answer.decision_id.clone());
-                responses.push(answer.response.clone());
-                ats.push(answer.at_ms);
-            }
-            sqlx::query(
-                "INSERT INTO remembered_responses (gateway, request_id, decision_id, response, at) \
-                 SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[]) \
-                 ON CONFLICT DO NOTHING",
-            )
-            .bind(gateways)
-            .bind(request_ids)
-            .bind(decision_ids)
-            .bind(responses)
-            .bind(ats)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(())
+        records: &[AuditRecord],
+        remembered: &[RememberedEntry],
+    ) -> StoreResult<()> {
+        let columns = AuditArrays::of(records)?;
+        let mut tx = self.pool.begin().await.during("append_audit")?;
+        insert_audit(&mut *tx, columns, remembered).await.during("append_audit")?;
+        tx.commit().await.during("append_audit")
     }
+
+    /// `commit_batch` in one transaction, without the partition retry.
+    async fn try_commit_batch(
+        &self,
+        asks: &[CounterAsk],
+        records: &[AuditRecord],
+        remembered: &[RememberedEntry],
+        settle: Settle<'_>,
+        gate: &CommitGate,
+    ) -> StoreResult<Vec<Tally>> {
+        let mut tx = self.pool.begin().await.during("commit_batch")?;
+        let tallies = if asks.is_empty() {
+            Vec::new()
+        } else {
+            count_in(&mut *tx, asks).await.during(COUNT_USAGE)?
+        };
+        let (settled, settled_remembered) = if asks.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            settle(&tallies)
+        };
+        let columns = if settled.is_empty() {
+            AuditArrays::of(records)?
+        } else {
+            AuditArrays::of(&[records, &settled].concat())?
+        };
+        let remembered = if settled_remembered.is_empty() {
+            Cow::Borrowed(remembered)
+        } else {
+            Cow::Owned([remembered, &settled_remembered].concat())
+        };
+        insert_audit(&mut *tx, columns, &remembered)
+            .await
+            .during("commit_batch")?;
+        if !gate.commit() {
+            tx.rollback().await.during("commit_batch")?;
+            return Err(StoreError::Abandoned);
+        }
+        tx.commit().await.during("commit_batch")?;
+        Ok(tallies)
+    }
+
 
     /// Creates the partitions of `periods` that do not exist yet; returns how
     /// many it created. Replicas take turns (an advisory lock), so a period
@@ -964,6 +921,162 @@ async fn partitions(executor: impl Executor<'_, Database = Postgres>) -> Result<
             bounds: bound.as_deref().and_then(retention::parse_range_bounds),
         })
         .collect())
+}
+
+/// Inserts an audit batch into `tx`, as `append_audit` describes.
+async fn insert_audit(
+    tx: &mut PgConnection,
+    columns: AuditArrays,
+    remembered: &[RememberedEntry],
+) -> Result<(), sqlx::Error> {
+    let records = !columns.decision_id.is_empty();
+    // One statement per table, whatever the batch size: the rows travel
+    // as one array per column, which keeps the statement text (and its
+    // prepared plan) the same for every batch. Without a conflict target:
+    // the primary key is `(decision_id, at)` since the table is
+    // partitioned (migration 0002), and a replayed record carries the
+    // `at` it was made with, so it conflicts and is skipped.
+    if records {
+        sqlx::query(
+            "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
+                 principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
+                 usage_calls, policy_version, policy_revision, visible_count, visible, door) \
+             SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], \
+                 $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], \
+                 $12::text[], $13::text[], $14::text[], $15::bigint[], $16::text[], $17::bigint[], \
+                 $18::text[], $19::bigint[], $20::bigint[], $21::text[], $22::text[]) \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(columns.decision_id)
+        .bind(columns.at)
+        .bind(columns.request_id)
+        .bind(columns.gateway)
+        .bind(columns.kind)
+        .bind(columns.outcome)
+        .bind(columns.code)
+        .bind(columns.path)
+        .bind(columns.principal_id)
+        .bind(columns.issuer)
+        .bind(columns.subject)
+        .bind(columns.capability)
+        .bind(columns.tool)
+        .bind(columns.account_id)
+        .bind(columns.limit_calls)
+        .bind(columns.limit_per)
+        .bind(columns.usage_calls)
+        .bind(columns.policy_version)
+        .bind(columns.policy_revision)
+        .bind(columns.visible_count)
+        .bind(columns.visible)
+        .bind(columns.door)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if !remembered.is_empty() {
+        let mut gateways = Vec::with_capacity(remembered.len());
+        let mut request_ids = Vec::with_capacity(remembered.len());
+        let mut decision_ids = Vec::with_capacity(remembered.len());
+        let mut responses = Vec::with_capacity(remembered.len());
+        let mut ats = Vec::with_capacity(remembered.len());
+        for (gateway, request_id, answer) in remembered {
+            gateways.push(gateway.clone());
+            request_ids.push(request_id.clone());
+            decision_ids.push(answer.decision_id.clone());
+            responses.push(answer.response.clone());
+            ats.push(answer.at_ms);
+        }
+        sqlx::query(
+            "INSERT INTO remembered_responses (gateway, request_id, decision_id, response, at) \
+             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[]) \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(gateways)
+        .bind(request_ids)
+        .bind(decision_ids)
+        .bind(responses)
+        .bind(ats)
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Locks the counters of `asks` (inserting an empty one where there is none,
+/// so that there is a row to lock), counts the asks in order and writes back
+/// what changed; one statement to lock, one to write, whatever the batch size.
+async fn count_in(tx: &mut PgConnection, asks: &[CounterAsk]) -> Result<Vec<Tally>, sqlx::Error> {
+    let (keys, positions) = counting::counter_keys(asks);
+    let (principals, capabilities): (Vec<&str>, Vec<&str>) = keys.iter().copied().unzip();
+    // INVARIANT: the rows are locked in `keys` order (the `ORDER BY` of the
+    // insert's source), the same on every replica, so two batches sharing
+    // counters queue instead of deadlocking. `DO UPDATE` locks an existing row
+    // as `FOR UPDATE` would and returns it as it was.
+    let found: Vec<(String, String, i64, i64)> = sqlx::query_as(
+        "INSERT INTO usage_counters AS c (principal_id, capability, window_start, calls) \
+         SELECT k.p, k.cap, 0, 0 FROM UNNEST($1::text[], $2::text[]) WITH ORDINALITY AS k(p, cap, n) \
+         ORDER BY k.n \
+         ON CONFLICT (principal_id, capability) DO UPDATE SET calls = c.calls \
+         RETURNING principal_id, capability, calls, window_start",
+    )
+    .bind(&principals)
+    .bind(&capabilities)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut counters = vec![None; keys.len()];
+    for (principal, capability, calls, window_start) in found {
+        if let Ok(at) = keys.binary_search(&(principal.as_str(), capability.as_str())) {
+            // A negative count (a row written behind capgate's back) counts as none.
+            counters[at] = u64::try_from(calls).ok().map(|calls| CounterReading {
+                calls,
+                window_start_ms: window_start,
+            });
+        }
+    }
+    let before = counters.clone();
+    let tallies = counting::count(asks, &positions, &mut counters);
+    let mut changed = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut empty = (Vec::new(), Vec::new());
+    for ((key, now), was) in keys.iter().zip(&counters).zip(&before) {
+        match now {
+            Some(now) if now.calls > 0 => {
+                if Some(*now) != *was {
+                    changed.0.push(key.0);
+                    changed.1.push(key.1);
+                    changed.2.push(sql::saturating_bigint(now.calls));
+                    changed.3.push(now.window_start_ms);
+                }
+            }
+            // The empty row inserted to lock it, or one with no call: no row says the same.
+            _ => {
+                empty.0.push(key.0);
+                empty.1.push(key.1);
+            }
+        }
+    }
+    if !changed.0.is_empty() {
+        sqlx::query(
+            "UPDATE usage_counters AS c SET calls = u.calls, window_start = u.ws \
+             FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS u(p, cap, calls, ws) \
+             WHERE c.principal_id = u.p AND c.capability = u.cap",
+        )
+        .bind(&changed.0)
+        .bind(&changed.1)
+        .bind(&changed.2)
+        .bind(&changed.3)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if !empty.0.is_empty() {
+        sqlx::query(
+            "DELETE FROM usage_counters AS c USING UNNEST($1::text[], $2::text[]) AS u(p, cap) \
+             WHERE c.principal_id = u.p AND c.capability = u.cap AND c.calls = 0",
+        )
+        .bind(&empty.0)
+        .bind(&empty.1)
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(tallies)
 }
 
 /// Whether an insert failed because no partition takes one of its rows

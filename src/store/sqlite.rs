@@ -45,10 +45,11 @@ use super::sql::{
 };
 use super::{
     ActivateOutcome, Activation, ActivationKind, Actor, AuditFilter, AuditGroup, AuditRecord, Claim,
-    Consumed, CounterKey, CounterReading, DecisionNote, ExpectedRevision, GroupKey, NewPolicy, PrunedPeriod,
-    PublishOutcome, RecordCode, Remembered, Store, StoreError, StoreOptions, StoreResult, StoredCounter,
-    StoredPolicy, UsageReset,
+    CommitGate, CounterAsk, CounterKey, CounterReading, DecisionNote, ExpectedRevision, GroupKey, NewPolicy, PrunedPeriod,
+    PublishOutcome, RecordCode, Remembered, RememberedEntry, Settle, Store, StoreError, StoreOptions, StoreResult, StoredCounter,
+    StoredPolicy, Tally, UsageReset,
 };
+use super::counting::{self, COUNT_USAGE};
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
 
@@ -156,6 +157,146 @@ fn has_mode_parameter(url: &str) -> bool {
             .split('&')
             .any(|pair| pair == "mode" || pair.starts_with("mode="))
     })
+}
+
+/// Inserts audit entries into `tx`, as `append_audit` describes, as part of `operation`.
+async fn insert_audit(
+    tx: &mut SqliteConnection,
+    records: &[AuditRecord],
+    remembered: &[RememberedEntry],
+    operation: &'static str,
+) -> StoreResult<()> {
+    let integers = records
+        .iter()
+        .map(AuditIntegers::of)
+        .collect::<StoreResult<Vec<_>>>()?;
+    // One prepared statement per table, executed once per row inside one
+    // transaction: SQLite runs in-process, so a row costs no round trip,
+    // and the transaction makes the batch durable with one sync.
+    for (record, integers) in records.iter().zip(integers) {
+        // Destructured so that a new field of `AuditRecord` fails to
+        // compile here until it has a column.
+        let AuditRecord {
+            decision_id,
+            at_ms,
+            request_id,
+            gateway,
+            kind,
+            outcome,
+            code,
+            path,
+            principal_id,
+            issuer,
+            subject,
+            capability,
+            tool,
+            account_id,
+            limit_calls: _,
+            limit_per,
+            usage_calls: _,
+            policy_version,
+            policy_revision: _,
+            visible_count: _,
+            visible,
+            door,
+        } = record;
+        sqlx::query(
+            "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
+                 principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
+                 usage_calls, policy_version, policy_revision, visible_count, visible, door) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
+                 $18, $19, $20, $21, $22) \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(decision_id)
+        .bind(at_ms)
+        .bind(request_id)
+        .bind(gateway)
+        .bind(kind.as_str())
+        .bind(outcome.as_str())
+        .bind(code.map(RecordCode::as_str))
+        .bind(path)
+        .bind(principal_id)
+        .bind(issuer)
+        .bind(subject)
+        .bind(capability)
+        .bind(tool)
+        .bind(account_id)
+        .bind(integers.limit_calls)
+        .bind(limit_per)
+        .bind(integers.usage_calls)
+        .bind(policy_version)
+        .bind(integers.policy_revision)
+        .bind(integers.visible_count)
+        .bind(sql::join_visible(visible))
+        .bind(door.as_str())
+        .execute(&mut *tx)
+        .await
+        .during(operation)?;
+    }
+    for (gateway, request_id, answer) in remembered {
+        sqlx::query(
+            "INSERT INTO remembered_responses (gateway, request_id, decision_id, response, at) \
+             VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(gateway)
+        .bind(request_id)
+        .bind(&answer.decision_id)
+        .bind(&answer.response)
+        .bind(answer.at_ms)
+        .execute(&mut *tx)
+        .await
+        .during(operation)?;
+    }
+Ok(())
+}
+
+/// Counts `asks` in order against their counters, read and written one by one:
+/// SQLite runs in-process, so a statement costs no round trip.
+async fn count_in(tx: &mut SqliteConnection, asks: &[CounterAsk]) -> Result<Vec<Tally>, sqlx::Error> {
+    if asks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (keys, positions) = counting::counter_keys(asks);
+    let mut counters = Vec::with_capacity(keys.len());
+    for (principal, capability) in &keys {
+        let found: Option<(i64, i64)> = sqlx::query_as(
+            "SELECT calls, window_start FROM usage_counters WHERE principal_id = $1 AND capability = $2",
+        )
+        .bind(principal)
+        .bind(capability)
+        .fetch_optional(&mut *tx)
+        .await?;
+        // A negative count (a row written behind capgate's back) counts as none.
+        counters.push(found.and_then(|(calls, window_start)| {
+            u64::try_from(calls).ok().map(|calls| CounterReading {
+                calls,
+                window_start_ms: window_start,
+            })
+        }));
+    }
+    let before = counters.clone();
+    let tallies = counting::count(asks, &positions, &mut counters);
+    for ((principal, capability), (now, was)) in keys.iter().zip(counters.iter().zip(&before)) {
+        if let Some(now) = now.filter(|now| Some(*now) != *was) {
+            {
+                sqlx::query(
+                    "INSERT INTO usage_counters (principal_id, capability, window_start, calls) \
+                     VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (principal_id, capability) DO UPDATE SET \
+                         window_start = excluded.window_start, calls = excluded.calls",
+                )
+                .bind(principal)
+                .bind(capability)
+                .bind(now.window_start_ms)
+                .bind(sql::saturating_bigint(now.calls))
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
+    }
+    Ok(tallies)
 }
 
 /// Whether SQLite refused the values it was sent, rather than failed: a
@@ -464,47 +605,6 @@ impl Store for SqliteStore {
             .collect()
     }
 
-    async fn consume(
-        &self,
-        key: CounterKey<'_>,
-        at_ms: i64,
-        window_ms: u64,
-        limit: u64,
-    ) -> StoreResult<Consumed> {
-        // A first call opens a window with one call in it, which a ceiling of
-        // zero does not allow.
-        if limit == 0 {
-            return Ok(Consumed::Refused);
-        }
-        // INVARIANT: one statement. A writing statement takes the write lock
-        // before it reads, so no other consumer can change the row between
-        // the `WHERE` and the update. In `SET`, `c.` names the row before the
-        // update in both expressions.
-        let _turn = self.write_turn().await;
-        let counted = sqlx::query_as::<_, CounterRow>(
-            "INSERT INTO usage_counters AS c (principal_id, capability, window_start, calls) \
-             VALUES ($1, $2, $3, 1) \
-             ON CONFLICT (principal_id, capability) DO UPDATE SET \
-                 window_start = CASE WHEN c.window_start <= $4 THEN excluded.window_start \
-                                     ELSE c.window_start END, \
-                 calls = CASE WHEN c.window_start <= $4 THEN 1 ELSE c.calls + 1 END \
-             WHERE c.window_start <= $4 OR c.calls < $5 \
-             RETURNING calls, window_start",
-        )
-        .bind(key.principal_id)
-        .bind(key.capability)
-        .bind(at_ms)
-        .bind(sql::expired_at_or_before(at_ms, window_ms))
-        .bind(sql::saturating_bigint(limit))
-        .fetch_optional(&self.pool)
-        .await
-        .during("consume")?;
-        match counted {
-            Some(row) => Ok(Consumed::Taken(row.into_reading()?)),
-            None => Ok(Consumed::Refused),
-        }
-    }
-
     async fn append_audit(
         &self,
         records: &[AuditRecord],
@@ -513,97 +613,45 @@ impl Store for SqliteStore {
         if records.is_empty() && remembered.is_empty() {
             return Ok(());
         }
-        let integers = records
-            .iter()
-            .map(AuditIntegers::of)
-            .collect::<StoreResult<Vec<_>>>()?;
-        // One prepared statement per table, executed once per row inside one
-        // transaction: SQLite runs in-process, so a row costs no round trip,
-        // and the transaction makes the batch durable with one sync.
         let _turn = self.write_turn().await;
         let mut tx = self
             .pool
             .begin_with("BEGIN IMMEDIATE")
             .await
             .during("append_audit")?;
-        for (record, integers) in records.iter().zip(integers) {
-            // Destructured so that a new field of `AuditRecord` fails to
-            // compile here until it has a column.
-            let AuditRecord {
-                decision_id,
-                at_ms,
-                request_id,
-                gateway,
-                kind,
-                outcome,
-                code,
-                path,
-                principal_id,
-                issuer,
-                subject,
-                capability,
-                tool,
-                account_id,
-                limit_calls: _,
-                limit_per,
-                usage_calls: _,
-                policy_version,
-                policy_revision: _,
-                visible_count: _,
-                visible,
-                door,
-            } = record;
-            sqlx::query(
-                "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
-                     principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
-                     usage_calls, policy_version, policy_revision, visible_count, visible, door) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-                     $18, $19, $20, $21, $22) \
-                 ON CONFLICT DO NOTHING",
-            )
-            .bind(decision_id)
-            .bind(at_ms)
-            .bind(request_id)
-            .bind(gateway)
-            .bind(kind.as_str())
-            .bind(outcome.as_str())
-            .bind(code.map(RecordCode::as_str))
-            .bind(path)
-            .bind(principal_id)
-            .bind(issuer)
-            .bind(subject)
-            .bind(capability)
-            .bind(tool)
-            .bind(account_id)
-            .bind(integers.limit_calls)
-            .bind(limit_per)
-            .bind(integers.usage_calls)
-            .bind(policy_version)
-            .bind(integers.policy_revision)
-            .bind(integers.visible_count)
-            .bind(sql::join_visible(visible))
-            .bind(door.as_str())
-            .execute(&mut *tx)
+        insert_audit(&mut tx, records, remembered, "append_audit").await?;
+        tx.commit().await.during("append_audit")
+    }
+
+    async fn commit_batch(
+        &self,
+        asks: &[CounterAsk],
+        records: &[AuditRecord],
+        remembered: &[RememberedEntry],
+        settle: Settle<'_>,
+        gate: &CommitGate,
+    ) -> StoreResult<Vec<Tally>> {
+        // One writer at a time, and `BEGIN IMMEDIATE` takes the write lock
+        // before anything is read: the counters cannot change between the
+        // reads below and the writes.
+        let _turn = self.write_turn().await;
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
             .await
-            .during("append_audit")?;
+            .during("commit_batch")?;
+        let tallies = count_in(&mut tx, asks).await.during(COUNT_USAGE)?;
+        insert_audit(&mut tx, records, remembered, "commit_batch").await?;
+        if !asks.is_empty() {
+            let (settled, settled_remembered) = settle(&tallies);
+            insert_audit(&mut tx, &settled, &settled_remembered, "commit_batch").await?;
         }
-        for (gateway, request_id, answer) in remembered {
-            sqlx::query(
-                "INSERT INTO remembered_responses (gateway, request_id, decision_id, response, at) \
-                 VALUES ($1, $2, $3, $4, $5) \
-                 ON CONFLICT DO NOTHING",
-            )
-            .bind(gateway)
-            .bind(request_id)
-            .bind(&answer.decision_id)
-            .bind(&answer.response)
-            .bind(answer.at_ms)
-            .execute(&mut *tx)
-            .await
-            .during("append_audit")?;
+        if !gate.commit() {
+            tx.rollback().await.during("commit_batch")?;
+            return Err(StoreError::Abandoned);
         }
-        tx.commit().await.during("append_audit")?;
-        Ok(())
+        tx.commit().await.during("commit_batch")?;
+        Ok(tallies)
     }
 
     async fn remembered(&self, gateway: &str, request_id: &str) -> StoreResult<Option<Remembered>> {

@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 pub mod client;
 pub mod cluster;
+pub mod counting;
 pub mod oidc;
 pub mod otlp;
 pub mod postgres;

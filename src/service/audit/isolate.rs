@@ -8,27 +8,54 @@
 //! units: the good ones commit, and only the unit that holds the bad value is
 //! refused. k bad units among n cost about 2·k·log2(n) more transactions, and
 //! none when the batch is good.
+//!
+//! A capped call is a unit whose entries are not known until it is counted (a
+//! [`Meter`]): every attempt counts the meters of its units in the same
+//! transaction as their entries (`Store::commit_batch`), so a call is counted
+//! exactly when its record is stored, splits included.
 
+use std::borrow::Cow;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::store::{AuditRecord, Store};
+use crate::store::{AuditRecord, CommitGate, CounterAsk, Store, Tally};
 use crate::telemetry::{metrics, CallResult};
 
 use super::RememberedEntry;
 
+/// A unit's entries once its call is counted: called with the tally, or with
+/// `None` when the call could not be counted (its usage is unknown).
+pub type Settler = Arc<dyn Fn(Option<Tally>) -> (Vec<AuditRecord>, Vec<RememberedEntry>) + Send + Sync>;
+
+/// A capped call to count in a batch, and how its entries are made.
+#[derive(Clone)]
+pub struct Meter {
+    pub ask: CounterAsk,
+    pub settle: Settler,
+}
+
+impl std::fmt::Debug for Meter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Meter").field("ask", &self.ask).finish_non_exhaustive()
+    }
+}
+
 /// Entries to append, in units that are stored or refused together: a
-/// request's records and the response it remembers, or one spooled entry.
-/// Units are kept in order, so any range of them is one slice of records and
-/// one slice of responses.
+/// request's records and the response it remembers, a capped call to count
+/// with the entries it makes, or one spooled entry. Units are kept in order,
+/// so any range of them is one slice of records and one slice of responses
+/// (a metered unit has none there) and the meters among them, in order.
 #[derive(Debug, Default)]
 pub(super) struct Batch {
     pub(super) records: Vec<AuditRecord>,
     pub(super) remembered: Vec<RememberedEntry>,
     /// Where each unit ends, in `records` and in `remembered`.
     ends: Vec<(usize, usize)>,
+    /// Each unit's meter, if it is a capped call.
+    meters: Vec<Option<Meter>>,
 }
 
 impl Batch {
@@ -37,6 +64,23 @@ impl Batch {
         self.records.extend(records);
         self.remembered.extend(remembered);
         self.ends.push((self.records.len(), self.remembered.len()));
+        self.meters.push(None);
+    }
+
+    /// Adds a capped call to count.
+    pub(super) fn push_metered(&mut self, meter: Meter) {
+        self.ends.push((self.records.len(), self.remembered.len()));
+        self.meters.push(Some(meter));
+    }
+
+    /// The unit's meter, if it is a capped call.
+    pub(super) fn meter(&self, unit: usize) -> Option<&Meter> {
+        self.meters[unit].as_ref()
+    }
+
+    /// Whether any unit is a capped call.
+    pub(super) fn metered(&self) -> bool {
+        self.meters.iter().any(Option::is_some)
     }
 
     pub(super) fn units(&self) -> usize {
@@ -76,6 +120,8 @@ pub(super) enum Fate {
 pub(super) struct Appended {
     /// One per unit.
     pub(super) fates: Vec<Fate>,
+    /// One per unit: what counting made of a stored capped call.
+    pub(super) tallies: Vec<Option<Tally>>,
     /// Why the units left [`Fate::Unstored`] were not stored: the store
     /// failed (not over the data) or did not answer by the deadline.
     pub(super) failure: Option<String>,
@@ -85,11 +131,14 @@ pub(super) struct Appended {
 /// every unit is stored or refused, or the store fails otherwise, or
 /// `timeout` has passed since it began (what is left is then
 /// [`Fate::Unstored`]): the splitting shares the batch's one deadline. Every
-/// attempt is one audit transaction in the metrics.
-pub(super) async fn append<S: Store>(store: &S, batch: &Batch, timeout: Duration) -> Appended {
+/// attempt is one audit transaction in the metrics. No attempt commits once
+/// `gate` is abandoned.
+pub(super) async fn append<S: Store>(store: &S, batch: &Batch, timeout: Duration, gate: &CommitGate) -> Appended {
     let deadline = Instant::now() + timeout;
     let mut fates = vec![Fate::Unstored; batch.units()];
+    let mut tallies = vec![None; batch.units()];
     let mut failure = None;
+    let mut counting = true;
     // A stack of unit ranges still to try, the earliest on top, so that units
     // are stored in the order they came.
     let mut pending: Vec<Range<usize>> = Vec::new();
@@ -98,17 +147,61 @@ pub(super) async fn append<S: Store>(store: &S, batch: &Batch, timeout: Duration
         if units.is_empty() {
             continue;
         }
-        let (records, remembered) = batch.entries(units.clone());
+        let (fixed_records, fixed_remembered) = batch.entries(units.clone());
+        let metered: Vec<(usize, &Meter)> = units
+            .clone()
+            .filter_map(|unit| batch.meter(unit).map(|meter| (unit, meter)))
+            .collect();
+        // Once counting failed, the batch is stored without it: its capped calls are uncounted.
+        let (records, remembered) = if counting || metered.is_empty() {
+            (Cow::Borrowed(fixed_records), Cow::Borrowed(fixed_remembered))
+        } else {
+            let (mut records, mut remembered) = (fixed_records.to_vec(), fixed_remembered.to_vec());
+            for (_, meter) in &metered {
+                let (unit_records, unit_remembered) = (meter.settle)(None);
+                records.extend(unit_records);
+                remembered.extend(unit_remembered);
+            }
+            (Cow::Owned(records), Cow::Owned(remembered))
+        };
+        let asks: Vec<CounterAsk> = if counting {
+            metered.iter().map(|(_, meter)| meter.ask.clone()).collect()
+        } else {
+            Vec::new()
+        };
+        let settle = |counted: &[Tally]| {
+            let (mut records, mut remembered) = (Vec::new(), Vec::new());
+            for ((_, meter), tally) in metered.iter().zip(counted) {
+                let (unit_records, unit_remembered) = (meter.settle)(Some(*tally));
+                records.extend(unit_records);
+                remembered.extend(unit_remembered);
+            }
+            (records, remembered)
+        };
         let started = std::time::Instant::now();
-        let attempt = tokio::time::timeout_at(deadline, store.append_audit(records, remembered)).await;
+        let attempt = tokio::time::timeout_at(
+            deadline,
+            store.commit_batch(&asks, &records, &remembered, &settle, gate),
+        )
+        .await;
         let result = match &attempt {
-            Ok(Ok(())) => CallResult::Ok,
+            Ok(Ok(_)) => CallResult::Ok,
             Ok(Err(_)) => CallResult::Error,
             Err(_) => CallResult::Timeout,
         };
-        metrics().audit_commit(records.len(), result, started.elapsed());
+        metrics().audit_commit(records.len() + asks.len(), result, started.elapsed());
         match attempt {
-            Ok(Ok(())) => fates[units].fill(Fate::Stored),
+            Ok(Ok(counted)) => {
+                for ((unit, _), tally) in metered.iter().zip(counted) {
+                    tallies[*unit] = Some(tally);
+                }
+                fates[units].fill(Fate::Stored);
+            }
+            Ok(Err(error)) if error.is_counting() => {
+                tracing::warn!(%error, "the usage counters cannot be counted; capped calls are denied usage_unknown");
+                counting = false;
+                pending.push(units);
+            }
             Ok(Err(error)) if error.is_data_error() && units.len() == 1 => {
                 fates[units.start] = Fate::Refused(error.to_string());
             }
@@ -127,7 +220,11 @@ pub(super) async fn append<S: Store>(store: &S, batch: &Batch, timeout: Duration
             }
         }
     }
-    Appended { fates, failure }
+    Appended {
+        fates,
+        tallies,
+        failure,
+    }
 }
 
 #[cfg(test)]

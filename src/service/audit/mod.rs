@@ -31,10 +31,24 @@
 //! Without a spool the store is the only durable target: a batch waits for
 //! its transaction, and when that fails or passes `--audit-timeout` its
 //! requests fail with `UNAVAILABLE` (docs/decisions/0006-audit-spool.md).
+//!
+//! A capped call is counted in its batch's transaction ([`AuditWriter::count`],
+//! docs/decisions/0025): its record is made once the count is known, inside
+//! the transaction, so the call is counted exactly when its record is stored.
+//! It never goes to the spool as counted: when the batch is abandoned at the
+//! spool deadline (the store then never commits it, [`CommitGate`]) or fails,
+//! the call's usage is unknown and that record is what is spooled. Once the
+//! batch is committing, the deadline no longer abandons it: its capped calls
+//! wait for the commit's outcome, and a commit whose outcome is lost (it may
+//! have counted the call) answers `usage_unknown` with a warning naming the
+//! decision — a ceiling is never exceeded, at worst a call is counted and denied.
+//! A request's wait for the store starts when its batch's transaction does, not
+//! when it queued behind the one before.
 
 mod isolate;
 mod spool;
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -44,14 +58,14 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinError, JoinHandle};
 use tokio::time::Instant;
 
-use crate::store::{AuditRecord, Remembered, Store};
+use crate::store::{AuditRecord, CommitGate, Store, Tally};
 use crate::telemetry::{metrics, AuditPath};
 
 use isolate::{Appended, Batch, Fate};
+pub use isolate::{Meter, Settler};
 use spool::{Chunk, Spool};
 
-/// A response to remember for an idempotent retry: `(gateway, request_id, response)`.
-pub type RememberedEntry = (String, String, Remembered);
+pub use crate::store::RememberedEntry;
 
 /// Where a batch ended up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,15 +99,38 @@ pub struct AuditOptions {
     pub replay_interval: Duration,
 }
 
+/// Where a request's entries went and, for a capped call, what counting it
+/// made of it (`None`: it could not be counted; its usage is unknown).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Written {
+    durable: Durable,
+    tally: Option<Tally>,
+}
+
 /// Where a request's acknowledgement goes.
-type Ack = oneshot::Sender<Result<Durable, AuditUnavailable>>;
+type Ack = oneshot::Sender<Result<Written, AuditUnavailable>>;
 
 struct Job {
     records: Vec<AuditRecord>,
     remembered: Vec<RememberedEntry>,
+    /// A capped call to count (its entries are made once it is).
+    meter: Option<Meter>,
     ack: Ack,
-    /// When the request handed it over: its wait for the store starts then.
+    /// When the request handed it over.
     arrived: Instant,
+}
+
+impl Job {
+    /// The entries to spool: a capped call's as uncounted.
+    fn into_spooled(self) -> (Vec<AuditRecord>, Vec<RememberedEntry>, Ack) {
+        match self.meter {
+            Some(meter) => {
+                let (records, remembered) = (meter.settle)(None);
+                (records, remembered, self.ack)
+            }
+            None => (self.records, self.remembered, self.ack),
+        }
+    }
 }
 
 /// The handle requests write through. Cheap to clone; the writer task ends
@@ -138,11 +175,32 @@ impl AuditWriter {
         records: Vec<AuditRecord>,
         remembered: Vec<RememberedEntry>,
     ) -> Result<Durable, AuditUnavailable> {
+        self.send(records, remembered, None)
+            .await
+            .map(|written| written.durable)
+    }
+
+    /// Counts a capped call in the next batch and returns once the entries
+    /// `meter` makes of the count are durable, with the count: `None` when the
+    /// call could not be counted (the entries made of `None` were written).
+    pub async fn count(&self, meter: Meter) -> Result<(Durable, Option<Tally>), AuditUnavailable> {
+        self.send(Vec::new(), Vec::new(), Some(meter))
+            .await
+            .map(|written| (written.durable, written.tally))
+    }
+
+    async fn send(
+        &self,
+        records: Vec<AuditRecord>,
+        remembered: Vec<RememberedEntry>,
+        meter: Option<Meter>,
+    ) -> Result<Written, AuditUnavailable> {
         let (ack, acked) = oneshot::channel();
         self.jobs
             .send(Job {
                 records,
                 remembered,
+                meter,
                 ack,
                 arrived: Instant::now(),
             })
@@ -194,11 +252,15 @@ enum Busy {
 struct Commit {
     task: JoinHandle<Appended>,
     batch: Arc<Batch>,
-    /// One per unit (job) of `batch`; `None` once they were spooled and
+    /// One per unit (job) of `batch`; `None` once it was spooled and
     /// acknowledged while the transaction went on.
-    acks: Option<Vec<Ack>>,
-    /// When the earliest of its jobs arrived.
-    since: Instant,
+    acks: Vec<Option<Ack>>,
+    /// Decides between the transaction's commit and the spool deadline.
+    gate: Arc<CommitGate>,
+    /// When the transaction started: its requests' wait for the store starts then.
+    started: Instant,
+    /// The spool deadline passed: what could be spooled was.
+    overdue: bool,
 }
 
 /// How a store operation ended.
@@ -259,12 +321,12 @@ impl<S: Store> Writer<S> {
         // they go to the spool. With nothing to replay, the next commit is
         // the one that tries.
         if self.failing && !self.waiting.is_empty() && self.spool_pending() {
-            let jobs: Vec<Job> = self.waiting.drain(..).collect();
             let (mut records, mut remembered, mut acks) = (Vec::new(), Vec::new(), Vec::new());
-            for job in jobs {
-                records.extend(job.records);
-                remembered.extend(job.remembered);
-                acks.push(job.ack);
+            for job in self.waiting.drain(..) {
+                let (job_records, job_remembered, ack) = job.into_spooled();
+                records.extend(job_records);
+                remembered.extend(job_remembered);
+                acks.push(ack);
             }
             self.spool_and_acknowledge(records, remembered, acks).await;
         }
@@ -284,22 +346,27 @@ impl<S: Store> Writer<S> {
     fn start_commit(&mut self) {
         let mut batch = Batch::default();
         let mut acks = Vec::new();
-        let mut since = None;
-        while acks.is_empty() || batch.records.len() < self.options.batch {
+        while acks.is_empty() || batch.records.len() + batch.units() < self.options.batch {
             let Some(job) = self.waiting.pop_front() else {
                 break;
             };
-            since.get_or_insert(job.arrived);
-            batch.push(job.records, job.remembered);
-            acks.push(job.ack);
+            match job.meter {
+                Some(meter) => batch.push_metered(meter),
+                None => batch.push(job.records, job.remembered),
+            }
+            acks.push(Some(job.ack));
         }
         let batch = Arc::new(batch);
+        let gate = Arc::new(CommitGate::default());
         let (store, shared, timeout) = (self.store.clone(), batch.clone(), self.options.timeout);
+        let shared_gate = gate.clone();
         self.busy = Some(Busy::Commit(Commit {
-            task: tokio::spawn(async move { isolate::append(&store, &shared, timeout).await }),
+            task: tokio::spawn(async move { isolate::append(&store, &shared, timeout, &shared_gate).await }),
             batch,
-            acks: Some(acks),
-            since: since.unwrap_or_else(Instant::now),
+            acks,
+            gate,
+            started: Instant::now(),
+            overdue: false,
         }));
     }
 
@@ -329,17 +396,16 @@ impl<S: Store> Writer<S> {
         }
     }
 
-    /// With a spool: when the earliest job not yet acknowledged (in the
-    /// transaction under way or waiting for one) has waited `spool_after`.
+    /// With a spool: when the transaction under way has taken `spool_after`,
+    /// or, with none under way in time (a replay, or one past its deadline),
+    /// when the earliest waiting job has waited that long.
     fn spool_at(&self) -> Option<Instant> {
         self.spool.as_ref()?;
-        let committing = match &self.busy {
-            Some(Busy::Commit(commit)) if commit.acks.is_some() => Some(commit.since),
-            _ => None,
+        let since = match &self.busy {
+            Some(Busy::Commit(commit)) if !commit.overdue => commit.started,
+            _ => self.waiting.front()?.arrived,
         };
-        let waiting = self.waiting.front().map(|job| job.arrived);
-        let earliest = committing.into_iter().chain(waiting).min()?;
-        Some(earliest + self.options.spool_after)
+        Some(since + self.options.spool_after)
     }
 
     /// The store did not commit in time: everything not yet acknowledged is
@@ -347,16 +413,33 @@ impl<S: Store> Writer<S> {
     async fn spool_unacknowledged(&mut self) {
         let (mut records, mut remembered, mut acks) = (Vec::new(), Vec::new(), Vec::new());
         if let Some(Busy::Commit(commit)) = &mut self.busy {
-            if let Some(committing) = commit.acks.take() {
-                records.extend_from_slice(&commit.batch.records);
-                remembered.extend_from_slice(&commit.batch.remembered);
-                acks.extend(committing);
+            if !commit.overdue {
+                commit.overdue = true;
+                // Abandoned, the transaction will not commit: its capped calls
+                // are uncounted. Committing, they wait for its outcome.
+                let abandoned = !commit.batch.metered() || commit.gate.abandon();
+                for (unit, ack) in commit.acks.iter_mut().enumerate() {
+                    let (unit_records, unit_remembered) = match commit.batch.meter(unit) {
+                        Some(_) if !abandoned => continue,
+                        Some(meter) => (meter.settle)(None),
+                        None => {
+                            let (unit_records, unit_remembered) = commit.batch.entries(unit..unit + 1);
+                            (unit_records.to_vec(), unit_remembered.to_vec())
+                        }
+                    };
+                    if let Some(ack) = ack.take() {
+                        records.extend(unit_records);
+                        remembered.extend(unit_remembered);
+                        acks.push(ack);
+                    }
+                }
             }
         }
         for job in self.waiting.drain(..) {
-            records.extend(job.records);
-            remembered.extend(job.remembered);
-            acks.push(job.ack);
+            let (job_records, job_remembered, ack) = job.into_spooled();
+            records.extend(job_records);
+            remembered.extend(job_remembered);
+            acks.push(ack);
         }
         let problem = format!("no commit within {} ms", self.options.spool_after.as_millis());
         self.store_fails(&problem);
@@ -369,6 +452,7 @@ impl<S: Store> Writer<S> {
             (Some(Busy::Commit(commit)), Finished::Commit(appended)) => {
                 let appended = appended.unwrap_or_else(|error| Appended {
                     fates: vec![Fate::Unstored; commit.batch.units()],
+                    tallies: vec![None; commit.batch.units()],
                     failure: Some(format!("the audit commit task failed: {error}")),
                 });
                 self.committed(commit, appended).await;
@@ -382,34 +466,62 @@ impl<S: Store> Writer<S> {
     /// A transaction ended: its waiters (unless spooled already) learn what
     /// became of their records.
     async fn committed(&mut self, commit: Commit, appended: Appended) {
-        let Appended { fates, failure } = appended;
+        let Appended {
+            fates,
+            tallies,
+            failure,
+        } = appended;
         // Spooled and acknowledged already: an entry the store refused is set
         // aside when the spool is replayed. A late success does not end the
         // outage: the store answered, but slower than a request may wait, and
         // the next replay tells whether it is back.
-        let Some(acks) = commit.acks else {
+        if commit.overdue {
             if let Some(problem) = &failure {
                 self.store_fails(problem);
             }
+        }
+        if commit.acks.iter().all(Option::is_none) {
             return;
-        };
-        match &failure {
-            None => {
-                self.store_answers();
-                self.replay_turn = true;
+        }
+        // A failure after a commit began (a split batch's earlier part, or the
+        // `COMMIT` itself) may have counted the calls it leaves uncounted.
+        let in_doubt = failure.is_some() && commit.batch.metered() && !commit.gate.abandon();
+        let acks = commit.acks;
+        if !commit.overdue {
+            match &failure {
+                None => {
+                    self.store_answers();
+                    self.replay_turn = true;
+                }
+                Some(problem) => self.store_fails(problem),
             }
-            Some(problem) => self.store_fails(problem),
         }
         let (mut records, mut remembered, mut unstored) = (Vec::new(), Vec::new(), Vec::new());
-        for (unit, (fate, ack)) in fates.into_iter().zip(acks).enumerate() {
-            let (unit_records, unit_remembered) = commit.batch.entries(unit..unit + 1);
+        for (unit, ((fate, tally), ack)) in fates.into_iter().zip(tallies).zip(acks).enumerate() {
+            let Some(ack) = ack else {
+                continue;
+            };
+            let meter = commit.batch.meter(unit);
+            let (unit_records, unit_remembered) = match meter {
+                Some(meter) if fate != Fate::Stored => {
+                    let (records, remembered) = (meter.settle)(None);
+                    (Cow::Owned(records), Cow::Owned(remembered))
+                }
+                _ => {
+                    let (records, remembered) = commit.batch.entries(unit..unit + 1);
+                    (Cow::Borrowed(records), Cow::Borrowed(remembered))
+                }
+            };
             match fate {
                 Fate::Stored => {
                     // A waiter that went away (client cancelled) still had its record written.
-                    let _ = ack.send(Ok(Durable::Stored));
+                    let _ = ack.send(Ok(Written {
+                        durable: Durable::Stored,
+                        tally,
+                    }));
                 }
                 Fate::Refused(error) => {
-                    for (entry, decision_id) in decision_ids(unit_records, unit_remembered) {
+                    for (entry, decision_id) in decision_ids(&unit_records, &unit_remembered) {
                         tracing::error!(
                             decision_id,
                             entry,
@@ -421,8 +533,17 @@ impl<S: Store> Writer<S> {
                     let _ = ack.send(Err(AuditUnavailable));
                 }
                 Fate::Unstored => {
-                    records.extend_from_slice(unit_records);
-                    remembered.extend_from_slice(unit_remembered);
+                    if in_doubt && meter.is_some() {
+                        for (_, decision_id) in decision_ids(&unit_records, &unit_remembered) {
+                            tracing::warn!(
+                                decision_id,
+                                "the commit that counted this capped call lost its answer: it is \
+                                 denied usage_unknown, and may have been counted"
+                            );
+                        }
+                    }
+                    records.extend_from_slice(&unit_records);
+                    remembered.extend_from_slice(&unit_remembered);
                     unstored.push(ack);
                 }
             }
@@ -507,6 +628,8 @@ impl<S: Store> Writer<S> {
         acks: Vec<Ack>,
     ) {
         let outcome = match &self.spool {
+            // Nothing to write (every unit was a capped call still waiting): nothing is spooled.
+            Some(_) if records.is_empty() && remembered.is_empty() => Ok(Durable::Spooled),
             Some(spool) => {
                 let spool = spool.clone();
                 let count = records.len();
@@ -530,7 +653,8 @@ impl<S: Store> Writer<S> {
             None => Err(AuditUnavailable),
         };
         for ack in acks {
-            let _ = ack.send(outcome.clone());
+            let written = outcome.clone().map(|durable| Written { durable, tally: None });
+            let _ = ack.send(written);
         }
     }
 }
@@ -575,7 +699,8 @@ async fn replay_chunk<S: Store>(store: S, spool: SharedSpool, size: usize, timeo
     for entry in remembered {
         batch.push(Vec::new(), vec![entry]);
     }
-    let Appended { fates, failure } = isolate::append(&store, &batch, timeout).await;
+    let gate = CommitGate::default();
+    let Appended { fates, failure, .. } = isolate::append(&store, &batch, timeout, &gate).await;
     if let Some(problem) = failure {
         return Replayed::StoreFailed(problem);
     }

@@ -38,7 +38,7 @@ use capgate_core::access::{Allow, Decision};
 use crate::service::auth::{Gateway, Role};
 use crate::service::bounds::MAX_REQUEST_ID;
 use crate::service::identify::Asked;
-use crate::service::pipeline::{self, Answer, Ask, Listing, Refusal, Replied, Verdict};
+use crate::service::pipeline::{self, Answer, Ask, Listing, Refusal, Remember, Replied, Verdict};
 use crate::service::State;
 use crate::store::{Door, Store};
 use crate::telemetry;
@@ -373,7 +373,7 @@ fn may_ask(gateway: &Gateway, caller: &Asked<'_>) -> Result<(), Problem> {
 /// request id gets the object its original got.
 async fn decide<S: Store>(
     state: &State<S>,
-    active: &crate::service::active::Active,
+    active: &Arc<crate::service::active::Active>,
     gateway: &Gateway,
     item: mapping::Evaluation<'_>,
     request_id: Option<&str>,
@@ -384,7 +384,7 @@ async fn decide<S: Store>(
         request_id,
         door: Door::Authzen,
     };
-    let remember = |answer: &Answer<'_>| decision_object(answer).to_string().into_bytes();
+    let remember: Remember = Arc::new(|answer: &Answer<'_>| decision_object(answer).to_string().into_bytes());
     match pipeline::decide(state, active, ask, item.target, &remember)
         .await
         .map_err(refused)?

@@ -14,7 +14,7 @@ use crate::identity::Presented;
 use crate::service::auth::Role;
 use crate::service::bounds;
 use crate::service::identify::{Asked, AssertedCaller};
-use crate::service::pipeline::{self, Answer, Ask, Listing, Replied, Target, Verdict};
+use crate::service::pipeline::{self, Answer, Ask, Listing, Remember, Replied, Target, Verdict};
 use crate::service::State;
 use crate::store::{DecisionNote, Door, Note, Store};
 use crate::wire::convert;
@@ -65,7 +65,7 @@ impl<S: Store> DecisionService for Decisions<S> {
             request_id: (!request_id.is_empty()).then_some(request_id.as_str()),
             door: Door::Capgate,
         };
-        let encode = |answer: &Answer<'_>| response(answer).encode_to_vec();
+        let encode: Remember = Arc::new(|answer: &Answer<'_>| response(answer).encode_to_vec());
         let replied = pipeline::decide(&self.state, &active, ask, target, &encode)
             .await
             .map_err(super::status)?;

@@ -57,7 +57,7 @@ use crate::service::auth::Role;
 use crate::service::bounds;
 use crate::service::config::ExtAuthzSettings as Settings;
 use crate::service::identify::Asked;
-use crate::service::pipeline::{self, Answer, Ask, Refusal, Replied, Target, Verdict};
+use crate::service::pipeline::{self, Answer, Ask, Refusal, Remember, Replied, Target, Verdict};
 use crate::service::State;
 use crate::store::{Door, Store};
 
@@ -136,7 +136,10 @@ impl<S: Store> Authorization for ExtAuthz<S> {
             request_id: forwarded.request_id,
             door: Door::ExtAuthz,
         };
-        let encode = |answer: &Answer<'_>| response(answer, &rpc_id).encode_to_vec();
+        let encode: Remember = {
+            let rpc_id = rpc_id.clone();
+            Arc::new(move |answer: &Answer<'_>| response(answer, &rpc_id).encode_to_vec())
+        };
         let replied = match pipeline::decide(&self.state, &active, ask, Target::Tool(&tool), &encode).await {
             Ok(replied) => replied,
             Err(refusal) => return Ok(Response::new(refused(&refusal, &rpc_id))),

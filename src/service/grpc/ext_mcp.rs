@@ -28,7 +28,7 @@ use crate::identity::Presented;
 use crate::service::auth::Role;
 use crate::service::bounds;
 use crate::service::identify::{Asked, AssertedCaller};
-use crate::service::pipeline::{self, Answer, Ask, Replied, Target, Verdict};
+use crate::service::pipeline::{self, Answer, Ask, Remember, Replied, Target, Verdict};
 use crate::service::State;
 use crate::store::{Door, Store};
 use crate::wire::ext_mcp::{
@@ -120,7 +120,7 @@ impl<S: Store> ExtMcp for ExtMcpDoor<S> {
             request_id,
             door: Door::ExtMcp,
         };
-        let encode = |answer: &Answer<'_>| checked(answer).encode_to_vec();
+        let encode: Remember = Arc::new(|answer: &Answer<'_>| checked(answer).encode_to_vec());
         let replied = pipeline::decide(&self.state, &active, ask, Target::Tool(&exposed), &encode)
             .await
             .map_err(super::status)?;

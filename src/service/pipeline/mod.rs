@@ -4,9 +4,10 @@
 //!
 //! A decision, step by step ([`decide`]): capture `at` once → identify the caller (an asserted
 //! principal from a trusted gateway, or the caller's own credential; `identify.rs`) → resolve the
-//! tool → evaluate with the pure core → for an allow whose winning grant has a ceiling, consume one
-//! call atomically (`metering.rs`) → write the audit record (durable; built in `record.rs`) →
-//! answer. A listing ([`list`]) is the same function per capability, without counters.
+//! tool → evaluate with the pure core → write the audit record (durable; built in `record.rs`) →
+//! answer. An allow whose winning grant has a ceiling is counted by the audit writer in the
+//! transaction that stores its record, and decided again with what counting found
+//! (`metering.rs`, docs/decisions/0025). A listing ([`list`]) is the same function per capability, without counters.
 //!
 //! Everything here speaks domain types: an [`Ask`] in, an [`Answer`] or a [`Listing`] out, a
 //! [`Refusal`] when there is no answer to give. A door converts its protocol's request into an
@@ -22,12 +23,13 @@ use std::sync::Arc;
 use capgate_core::access::{visible, CapabilityRule, Decision, Limits, Standing, VisibleCapability};
 use capgate_core::accounts::SecretRef;
 use capgate_core::capabilities::{ToolDescriptor, Transport};
-use capgate_core::principals::AuthProblem;
+use capgate_core::principals::{AuthProblem, Principal};
 
-use crate::store::{Door, Remembered, Store};
+use crate::store::{AuditRecord, Door, Remembered, RememberedEntry, Store, Tally};
 use crate::telemetry;
 
 use super::active::Active;
+use super::audit::Meter;
 use super::auth::Gateway;
 use super::identify::{identify, Asked};
 use super::State;
@@ -103,6 +105,10 @@ pub struct Decided<'a> {
     pub resets_at: Option<i64>,
 }
 
+/// How a door encodes an answer to remember it for a retry with the same `request_id`. Shared,
+/// because a capped call's answer is made, and remembered, inside the audit batch that counts it.
+pub type Remember = Arc<dyn Fn(&Answer<'_>) -> Vec<u8> + Send + Sync>;
+
 /// A decision's answer: fresh, or the one a retry's original got.
 pub enum Replied<'a> {
     Fresh(Answer<'a>),
@@ -132,10 +138,10 @@ pub struct Seen<'a> {
 /// same commit as the record.
 pub async fn decide<'a, S: Store>(
     state: &State<S>,
-    active: &'a Active,
+    active: &'a Arc<Active>,
     ask: Ask<'_>,
     target: Target<'a>,
-    remember: &(dyn Fn(&Answer<'_>) -> Vec<u8> + Sync),
+    remember: &Remember,
 ) -> Result<Replied<'a>, Refusal> {
     let Some(request_id) = ask.request_id else {
         return decide_once(state, active, &ask, target, remember)
@@ -156,10 +162,10 @@ pub async fn decide<'a, S: Store>(
 
 async fn decide_once<'a, S: Store>(
     state: &State<S>,
-    active: &'a Active,
+    active: &'a Arc<Active>,
     ask: &Ask<'_>,
     target: Target<'a>,
-    remember: &(dyn Fn(&Answer<'_>) -> Vec<u8> + Sync),
+    remember: &Remember,
 ) -> Result<Answer<'a>, Refusal> {
     let at_ms = crate::clock::now();
     let identified = identify(&state.oidc, active, ask.gateway, &ask.caller, at_ms).await?;
@@ -196,8 +202,98 @@ async fn decide_once<'a, S: Store>(
         Target::Capability(capability) => (capability, None),
     };
 
-    let metered = metering::evaluate_metered(state, active, &principal, capability, at_ms).await;
-    record::decided(&mut record, capability, &metered);
+    let prepared = active.policy.ruleset.prepare(&principal);
+    let ask_to_count = match metering::first(&prepared, &principal.id, capability, at_ms) {
+        metering::First::Final(metered) => {
+            let answer = answered(active, &mut record, capability, tool, metered);
+            return finish(state, ask, record, answer, remember).await;
+        }
+        metering::First::Capped(ask_to_count) => ask_to_count,
+    };
+    // The record is made inside the batch's transaction, once the call is counted, by the
+    // same function the answer is made by below.
+    let capped = Arc::new(Capped {
+        active: active.clone(),
+        principal,
+        capability: capability.to_owned(),
+        target_tool: match target {
+            Target::Tool(name) => Some(name.to_owned()),
+            Target::Capability(_) => None,
+        },
+        record,
+        remembered: ask
+            .request_id
+            .map(|request_id| (ask.gateway.name.clone(), idempotency::key(ask.door, request_id).into_owned())),
+        remember: remember.clone(),
+    });
+    let settling = capped.clone();
+    let meter = Meter {
+        ask: ask_to_count,
+        settle: Arc::new(move |tally| settling.entries(tally)),
+    };
+    let (_, tally) = state.audit.count(meter).await.map_err(|_| {
+        Refusal::Unavailable("the audit trail cannot be written, so no decision is returned".to_owned())
+    })?;
+    let mut record = capped.record.clone();
+    let prepared = active.policy.ruleset.prepare(&capped.principal);
+    let metered = metering::settled(&prepared, capability, at_ms, tally);
+    let answer = answered(active, &mut record, capability, tool, metered);
+    decided_log(&record);
+    Ok(answer)
+}
+
+/// A capped call, owned, so that the audit writer can finish its record inside the batch's
+/// transaction once the call is counted.
+struct Capped {
+    active: Arc<Active>,
+    principal: Principal,
+    capability: String,
+    /// The tool asked for, when asked for by tool name (resolved on `active`).
+    target_tool: Option<String>,
+    /// The record as far as it is known before counting.
+    record: AuditRecord,
+    /// `(gateway, request key)` when the answer is remembered for retries.
+    remembered: Option<(String, String)>,
+    remember: Remember,
+}
+
+impl Capped {
+    /// The record and the remembered answer of this call, counted as `tally` says.
+    fn entries(&self, tally: Option<Tally>) -> (Vec<AuditRecord>, Vec<RememberedEntry>) {
+        let active = &self.active;
+        let tool = self
+            .target_tool
+            .as_deref()
+            .and_then(|name| active.policy.tools.resolve(name));
+        let prepared = active.policy.ruleset.prepare(&self.principal);
+        let metered = metering::settled(&prepared, &self.capability, self.record.at_ms, tally);
+        let mut record = self.record.clone();
+        let answer = answered(active, &mut record, &self.capability, tool, metered);
+        let remembered = self.remembered.iter().map(|(gateway, key)| {
+            (
+                gateway.clone(),
+                key.clone(),
+                Remembered {
+                    decision_id: answer.decision_id.clone(),
+                    response: (self.remember)(&answer),
+                    at_ms: answer.at_ms,
+                },
+            )
+        });
+        let remembered = remembered.collect();
+        (vec![record], remembered)
+    }
+}
+
+/// The answer to a decided call, and its record completed.
+fn answered<'a>(
+    active: &'a Active,
+    record: &mut AuditRecord,
+    capability: &'a str,
+    tool: Option<&'a ToolDescriptor>,
+    metered: Metered<'a>,
+) -> Answer<'a> {
+    record::decided(record, capability, &metered);
     let decision = metered.decision;
     let mut decided = Decided {
         decision,
@@ -214,13 +310,12 @@ async fn decide_once<'a, S: Store>(
         decided.standing = metered.standing;
         decided.tool = tool.map(|tool| (tool, route(active, tool)));
     }
-    let answer = Answer {
+    Answer {
         decision_id: record.decision_id.clone(),
-        at_ms,
+        at_ms: record.at_ms,
         active,
         verdict: Verdict::Decided(decided),
-    };
-    finish(state, ask, record, answer, remember).await
+    }
 }
 
 /// The transport of the upstream that serves `tool`.
@@ -239,7 +334,7 @@ async fn finish<'a, S: Store>(
     ask: &Ask<'_>,
     record: crate::store::AuditRecord,
     answer: Answer<'a>,
-    remember: &(dyn Fn(&Answer<'_>) -> Vec<u8> + Sync),
+    remember: &Remember,
 ) -> Result<Answer<'a>, Refusal> {
     let remembered = match ask.request_id {
         None => Vec::new(),
@@ -253,17 +348,22 @@ async fn finish<'a, S: Store>(
             },
         )],
     };
-    telemetry::rpc::decided(&record);
+    decided_log(&record);
+    state.audit.write(vec![record], remembered).await.map_err(|_| {
+        Refusal::Unavailable("the audit trail cannot be written, so no decision is returned".to_owned())
+    })?;
+    Ok(answer)
+}
+
+/// Counts and logs a decision that is being answered.
+fn decided_log(record: &AuditRecord) {
+    telemetry::rpc::decided(record);
     tracing::debug!(
         decision_id = %record.decision_id,
         outcome = record.outcome.as_str(),
         code = record.code.map_or("", |code| code.as_str()),
         "decided"
     );
-    state.audit.write(vec![record], remembered).await.map_err(|_| {
-        Refusal::Unavailable("the audit trail cannot be written, so no decision is returned".to_owned())
-    })?;
-    Ok(answer)
 }
 
 /// Lists what the caller may see and returns once the listing's audit record is durable: one
