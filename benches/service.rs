@@ -9,7 +9,7 @@
 //! It drives `Decide` over real gRPC on loopback with N concurrent callers,
 //! each on its own tonic channel (one HTTP/2 connection per caller), for a
 //! bounded time, and reports throughput, p50 and p99. In the same run and
-//! at the same concurrency it measures two baselines:
+//! at the same concurrency it measures three baselines:
 //!
 //! * `grpc.health.v1.Health/Check` on the same server and channels: the
 //!   cost of a trivial unary call through the same tonic stack;
@@ -18,7 +18,18 @@
 //!   audit-sized rows back to back, which is what the server's group commit
 //!   does at most with N callers waiting (it has one writer, and N callers
 //!   have at most N records outstanding). Its rows/s is the ceiling the audit
-//!   design puts on `Decide` at that concurrency.
+//!   design puts on `Decide` at that concurrency;
+//! * `hot-row`: the store's old per-call conditional statement (the counter
+//!   upsert a capped call ran alone, in its own transaction) looped on one
+//!   row by N writers on connections of their own (at most 64; on SQLite one
+//!   writer at a time, as the store's): the ceiling a hot key had before the
+//!   count moved into the audit batch, against which `capped-hot` is read.
+//!
+//! `--repeat N` runs the whole plan N times (at most 9) and reports the median
+//! of the runs per measurement, with the range of their throughputs; each
+//! concurrency ends with the comparisons issue 14 sets targets for (capped ÷
+//! uncapped, capped-hot ÷ uncapped, capped-hot ÷ hot-row). `--svg FILE` also
+//! writes a plot of throughput and p99 against callers.
 //!
 //! Scenarios: `uncapped` (an uncapped grant: audit only), `capped` (a grant
 //! with a ceiling no run can exhaust, spread over `--principals` principals:
@@ -47,8 +58,9 @@
 //! without spending the time a measurement takes.
 //!
 //! The files in `service/`: `plan` (the arguments and their bounds), `database` (the run's own
-//! database), `callers` (connections, the load and its tallies), `report` (table and JSON),
-//! `checks` (the unit checks).
+//! database), `callers` (connections, the load and its tallies), `hot_row` (the hot-row baseline),
+//! `summary` (the runs folded into medians), `report` (table and JSON), `svg` (the plot), `checks`
+//! (the unit checks).
 
 #[path = "service/callers.rs"]
 mod callers;
@@ -56,10 +68,16 @@ mod callers;
 mod checks;
 #[path = "service/database.rs"]
 mod database;
+#[path = "service/hot_row.rs"]
+mod hot_row;
 #[path = "service/plan.rs"]
 mod plan;
 #[path = "service/report.rs"]
 mod report;
+#[path = "service/summary.rs"]
+mod summary;
+#[path = "service/svg.rs"]
+mod svg;
 
 use std::ffi::OsString;
 use std::io::Write as _;
@@ -75,11 +93,12 @@ use clap::Parser as _;
 
 use callers::{Load, Measured, Window};
 use database::Database;
+use hot_row::Location;
 use plan::{Args, Plan};
 use report::{load_average, Report, Target};
 
 /// What the smoke run measures: the defaults but for one caller, no warm-up and 300 ms per
-/// measurement (2 baselines and 10 scenarios: about 4 s with the server's start).
+/// measurement (3 baselines and 10 scenarios: about 5 s with the server's start).
 const SMOKE: &[&str] = &[
     "service",
     "--concurrency",
@@ -126,6 +145,15 @@ fn measure(arguments: Vec<OsString>) -> ExitCode {
     }
     match run(&args) {
         Ok(report) => {
+            if let Some(path) = &args.svg {
+                if let Err(error) = std::fs::write(path, report.svg()) {
+                    return fail(&Failure::Input(format!(
+                        "cannot write the plot to `{}`: {error}",
+                        path.display()
+                    )));
+                }
+                progress(&format!("plot written to {}", path.display()));
+            }
             let text = if args.json { report.json() } else { report.table() };
             // A reader that went away (`… | head`) is not an error of the bench's.
             let _ = std::io::stdout().lock().write_all(text.as_bytes());
@@ -154,8 +182,8 @@ fn smoke() -> ExitCode {
     };
     print!("{}", report.table());
     let mut problems: Vec<String> = Vec::new();
-    // Two baselines and every scenario, once each: a measurement that went missing is a failure.
-    let expected = 2 + report.plan.scenarios.len();
+    // Three baselines and every scenario, once each: a measurement that went missing is a failure.
+    let expected = 3 + report.plan.scenarios.len();
     if report.measurements.len() != expected {
         problems.push(format!(
             "{} measurement(s) instead of {expected}",
@@ -233,9 +261,10 @@ fn run(args: &Args) -> Result<Report, Failure> {
     let server = args.server.as_deref();
     // Only an external server is called with a token (clap refuses `--token-file` without it).
     let token_file = args.token_file.as_deref();
+    let hot_row = database.hot_row();
     // The server as it runs in production: monomorphised for the store the URL names.
     let measured = capgate::store::with_store!(database.store.clone(), store => {
-        drive(store, &server_runtime, &client_runtime, &plan, server, token_file)
+        drive(store, &server_runtime, &client_runtime, &plan, server, token_file, &hot_row)
     });
     let load_after = load_average();
     let described = database.description.clone();
@@ -244,6 +273,7 @@ fn run(args: &Args) -> Result<Report, Failure> {
     let cleaned = server_runtime.block_on(database.remove());
     let (target, measurements) = measured?;
     cleaned?;
+    let summaries = summary::summarize(&measurements);
     Ok(Report {
         store: kind,
         database: described,
@@ -252,11 +282,13 @@ fn run(args: &Args) -> Result<Report, Failure> {
         load_before,
         load_after,
         measurements,
+        summaries,
     })
 }
 
 /// Every measurement of the plan over `store`: the in-process server started on it (or the named
-/// one driven), then for each concurrency the two baselines and the scenarios.
+/// one driven), then, `plan.repeat` times, for each concurrency the three baselines and the
+/// scenarios. The hot-row baseline connects to the run's database at `hot_row`, beside the store.
 fn drive<S: Store>(
     store: S,
     server_runtime: &tokio::runtime::Runtime,
@@ -264,6 +296,7 @@ fn drive<S: Store>(
     plan: &Plan,
     server_url: Option<&str>,
     token_file: Option<&Path>,
+    hot_row: &Location,
 ) -> Result<(Target, Vec<Measured>), Failure> {
     // The static key's file, for the run's length (a server elsewhere reads it too: loopback only).
     let keys =
@@ -331,46 +364,57 @@ fn drive<S: Store>(
     };
 
     let mut results = Vec::new();
-    for &n in &plan.concurrency {
-        let some = &connections[..n];
-        progress(&format!("{n} caller(s): health Check"));
-        results.push(client_runtime.block_on(callers::measure_calls(
-            some,
-            Load::Health,
-            plan,
-            "health",
-            "health Check (baseline)".to_owned(),
-        )));
-        progress(&format!("{n} caller(s): append_audit, batches of {n}"));
-        let window = Window::after(plan.warmup, plan.duration);
-        let tally = server_runtime.block_on(callers::append_batches(store.clone(), n, window));
-        results.push(tally.into_measured(
-            n,
-            "store-append",
-            format!("append_audit ×{n} (baseline)"),
-            plan.duration.as_secs_f64(),
-        ));
-        for &scenario in &plan.scenarios {
-            progress(&format!("{n} caller(s): {}", scenario.label()));
-            let requests = callers::requests(scenario, plan.principals);
-            let load = match scenario {
-                plan::Scenario::ExtMcpUncapped | plan::Scenario::ExtMcpCapped => Load::ExtMcp(&requests),
-                plan::Scenario::ExtAuthzUncapped => Load::ExtAuthz("bench__free"),
-                plan::Scenario::ExtAuthzCappedHot => Load::ExtAuthz("bench__metered"),
-                // `Plan::of` keeps this scenario for the in-process server only.
-                plan::Scenario::AuthzenUncapped | plan::Scenario::AuthzenCapped => match http_addr {
-                    Some(addr) => Load::Authzen(&requests, addr),
-                    None => continue,
-                },
-                _ => Load::Decide(&requests),
-            };
+    for round in 1..=plan.repeat {
+        if plan.repeat > 1 {
+            progress(&format!("run {round} of {}", plan.repeat));
+        }
+        for &n in &plan.concurrency {
+            let some = &connections[..n];
+            progress(&format!("{n} caller(s): health Check"));
             results.push(client_runtime.block_on(callers::measure_calls(
                 some,
-                load,
+                Load::Health,
                 plan,
-                scenario.name(),
-                scenario.label().to_owned(),
+                "health",
+                "health Check (baseline)".to_owned(),
             )));
+            progress(&format!("{n} caller(s): append_audit, batches of {n}"));
+            let window = Window::after(plan.warmup, plan.duration);
+            let tally = server_runtime.block_on(callers::append_batches(store.clone(), n, window));
+            results.push(tally.into_measured(
+                n,
+                "store-append",
+                format!("append_audit ×{n} (baseline)"),
+                plan.duration.as_secs_f64(),
+            ));
+            progress(&format!(
+                "{n} caller(s): the per-call counter statement on one row, {} writer(s)",
+                hot_row::writers(n)
+            ));
+            let tally = server_runtime.block_on(hot_row::measure(hot_row, n, plan.warmup, plan.duration));
+            results.push(tally.into_measured(n, "hot-row", hot_row.label(n), plan.duration.as_secs_f64()));
+            for &scenario in &plan.scenarios {
+                progress(&format!("{n} caller(s): {}", scenario.label()));
+                let requests = callers::requests(scenario, plan.principals);
+                let load = match scenario {
+                    plan::Scenario::ExtMcpUncapped | plan::Scenario::ExtMcpCapped => Load::ExtMcp(&requests),
+                    plan::Scenario::ExtAuthzUncapped => Load::ExtAuthz("bench__free"),
+                    plan::Scenario::ExtAuthzCappedHot => Load::ExtAuthz("bench__metered"),
+                    // `Plan::of` keeps this scenario for the in-process server only.
+                    plan::Scenario::AuthzenUncapped | plan::Scenario::AuthzenCapped => match http_addr {
+                        Some(addr) => Load::Authzen(&requests, addr),
+                        None => continue,
+                    },
+                    _ => Load::Decide(&requests),
+                };
+                results.push(client_runtime.block_on(callers::measure_calls(
+                    some,
+                    load,
+                    plan,
+                    scenario.name(),
+                    scenario.label().to_owned(),
+                )));
+            }
         }
     }
     drop(connections);

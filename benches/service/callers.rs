@@ -583,7 +583,7 @@ fn audit_row(sequence: usize) -> AuditRecord {
 /// The wall clock in milliseconds since the epoch. A row only needs a current time (it lands in the
 /// current month's audit partition, as the server's would); the product's clock helpers are private
 /// to its rooms, and reading the system clock here is all they do.
-fn now_ms() -> i64 {
+pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |since| i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
@@ -606,6 +606,16 @@ impl Window {
             until: from + duration,
         }
     }
+
+    /// Whether a call starting at `now` starts too late to count: a caller stops there.
+    pub fn closed(&self, now: Instant) -> bool {
+        now >= self.until
+    }
+
+    /// Whether a call that ran from `started` to `finished` counts.
+    pub fn counts(&self, started: Instant, finished: Instant) -> bool {
+        started >= self.from && finished <= self.until
+    }
 }
 
 /// What one caller tallied.
@@ -619,7 +629,19 @@ pub struct Tally {
 }
 
 impl Tally {
-    fn merge(&mut self, other: Tally) {
+    /// A call that answered inside the window, after `latency`.
+    pub fn answered(&mut self, latency: Duration) {
+        self.completed += 1;
+        self.latencies_us.push(micros(latency));
+    }
+
+    /// A call that failed; the first problem is kept for the report.
+    pub fn failed(&mut self, problem: String) {
+        self.errors += 1;
+        self.problem.get_or_insert(problem);
+    }
+
+    pub fn merge(&mut self, other: Tally) {
         self.latencies_us.extend(other.latencies_us);
         self.completed += other.completed;
         self.errors += other.errors;

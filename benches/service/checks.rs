@@ -8,8 +8,9 @@ use std::panic;
 
 use clap::Parser as _;
 
-use crate::callers::{percentile, policy};
+use crate::callers::{percentile, policy, Measured, Tally};
 use crate::plan::{check_loopback, Args, Plan, Scenario};
+use crate::summary::{median, summarize};
 
 /// Every check, by name.
 const ALL: &[(&str, fn())] = &[
@@ -33,6 +34,8 @@ const ALL: &[(&str, fn())] = &[
         "cargo_bench_is_told_from_cargo_test",
         cargo_bench_is_told_from_cargo_test,
     ),
+    ("repeated_runs_fold_into_medians", repeated_runs_fold_into_medians),
+    ("the_plot_is_well_formed", the_plot_is_well_formed),
 ];
 
 /// Runs every check, each to its end whatever the others did; returns how many failed.
@@ -93,6 +96,8 @@ fn plans_are_bounded_and_deduplicated() {
     };
     let checked = plan(&["--concurrency", "4,1,4", "--scenario", "capped,all"]).expect("a valid plan");
     assert_eq!(checked.concurrency, [4, 1]);
+    assert_eq!(checked.repeat, 1);
+    assert_eq!(plan(&["--repeat", "9"]).expect("nine runs").repeat, 9);
     assert_eq!(
         checked.scenarios,
         [
@@ -115,6 +120,8 @@ fn plans_are_bounded_and_deduplicated() {
         &["--warmup", "11m"],
         &["--principals", "0"],
         &["--server", "http://192.0.2.1:50051"],
+        &["--repeat", "0"],
+        &["--repeat", "10"],
     ] {
         assert!(plan(refused).is_err(), "{refused:?}");
     }
@@ -143,4 +150,81 @@ fn cargo_bench_is_told_from_cargo_test() {
     assert!(args.bench && !crate::skipped(&args));
     let other = Args::try_parse_from(["service", "jwt_verify", "--bench"]).expect("a filter parses");
     assert!(crate::skipped(&other));
+}
+
+/// A measurement of `name` at `concurrency` that answered `calls` calls in one second, each taking
+/// `latency_ms`.
+fn measured(concurrency: usize, name: &'static str, calls: u32, latency_ms: u64) -> Measured {
+    let mut tally = Tally::default();
+    for _ in 0..calls {
+        tally.answered(std::time::Duration::from_millis(latency_ms));
+    }
+    tally.into_measured(concurrency, name, name.to_owned(), 1.0)
+}
+
+fn repeated_runs_fold_into_medians() {
+    assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+    assert_eq!(median(&[4.0, 1.0]), 2.5);
+    assert_eq!(median(&[]), 0.0);
+    // Three runs of two measurements at one concurrency, then one at another: taken in that order.
+    let runs = [
+        measured(1, "health", 10, 1),
+        measured(1, "hot-row", 5, 4),
+        measured(1, "health", 30, 3),
+        measured(1, "hot-row", 6, 2),
+        measured(1, "health", 20, 2),
+        measured(1, "hot-row", 7, 6),
+        measured(16, "health", 40, 9),
+    ];
+    let summaries = summarize(&runs);
+    let rows: Vec<(usize, &str, f64, f64, f64)> = summaries
+        .iter()
+        .map(|row| {
+            (
+                row.concurrency,
+                row.name,
+                row.per_second,
+                row.p99_ms,
+                row.max_per_second(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            (1, "health", 20.0, 2.0, 30.0),
+            (1, "hot-row", 6.0, 4.0, 7.0),
+            (16, "health", 40.0, 9.0, 40.0)
+        ]
+    );
+    assert_eq!(summaries[0].min_per_second(), 10.0);
+    assert_eq!(summaries[0].runs, [10.0, 30.0, 20.0]);
+    assert_eq!(summaries[0].completed, 60);
+}
+
+fn the_plot_is_well_formed() {
+    let runs = [
+        measured(1, "health", 900, 1),
+        measured(1, "store-append", 5000, 1),
+        measured(1, "hot-row", 400, 2),
+        measured(1, "decide-capped-hot", 300, 3),
+        measured(16, "health", 9000, 2),
+        measured(16, "store-append", 50_000, 3),
+        // No call answered: a point left out, not a line drawn to zero.
+        measured(16, "hot-row", 0, 0),
+        measured(16, "decide-capped-hot", 2000, 8),
+        measured(256, "health", 20_000, 13),
+    ];
+    let svg = crate::svg::plot(&summarize(&runs), &[1, 16, 256], "a <test> & plot");
+    assert_eq!(crate::svg::problems(&svg, 4), Vec::<String>::new(), "{svg}");
+    assert!(svg.contains("a &lt;test&gt; &amp; plot"));
+    // The check can fail: a cut-off file, a line too many, a point that is not a number.
+    let cut = &svg[..svg.len() / 2];
+    assert!(!crate::svg::problems(cut, 4).is_empty());
+    assert!(!crate::svg::problems(&svg, 5).is_empty());
+    let broken = svg.replacen(r#"points=""#, r#"points="NaN,1 "#, 1);
+    assert!(!crate::svg::problems(&broken, 4).is_empty());
+    // Nothing measured: still a plot, with no line.
+    let empty = crate::svg::plot(&[], &[1], "nothing");
+    assert_eq!(crate::svg::problems(&empty, 0), Vec::<String>::new(), "{empty}");
 }

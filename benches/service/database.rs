@@ -13,6 +13,8 @@ use capgate::store::{self, AnyStore, PostgresStore, StoreOptions};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
 
+use crate::hot_row::Location;
+
 /// A database made for this run, removed by [`Database::remove`].
 pub struct Database {
     pub store: AnyStore,
@@ -123,6 +125,16 @@ impl Database {
                 // The port's message already names the (redacted) URL.
                 Err(Failure::Input(error.to_string()))
             }
+        }
+    }
+
+    /// Where the hot-row baseline's own connections go: this database, outside the store's pool.
+    pub fn hot_row(&self) -> Location {
+        match &self.cleanup {
+            Cleanup::Postgres { admin, name } => {
+                Location::Postgres(Box::new((**admin).clone().database(name)))
+            }
+            Cleanup::Sqlite(path) => Location::sqlite(path),
         }
     }
 

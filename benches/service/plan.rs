@@ -13,9 +13,11 @@ const MAX_CONCURRENCY: usize = 1024;
 const MAX_DURATION: Duration = Duration::from_secs(600);
 /// The most distinct principals the capped scenario rotates through.
 const MAX_PRINCIPALS: usize = 100_000;
+/// The most times a run may repeat its plan: nine runs of the longest plan already take hours.
+const MAX_REPEAT: usize = 9;
 
 /// The load generator for the decision service (docs/benchmarks.md, "The service"): `Decide` over
-/// real gRPC on loopback, against two baselines measured in the same run.
+/// real gRPC on loopback, against three baselines measured in the same run.
 #[derive(Debug, clap::Parser)]
 #[command(
     name = "service",
@@ -55,6 +57,15 @@ pub struct Args {
     /// scenario: one counter row each).
     #[arg(long, value_name = "N", default_value_t = 1000)]
     pub principals: usize,
+    /// How many times to run the whole plan; the report gives, per
+    /// measurement, the median of the runs (throughput, p50, p99) and the
+    /// range of their throughputs.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub repeat: usize,
+    /// Also write a plot of throughput and p99 against callers, as SVG, to
+    /// this file.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
     /// Print the JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -155,6 +166,8 @@ pub struct Plan {
     /// Distinct, in the order given.
     pub scenarios: Vec<Scenario>,
     pub principals: usize,
+    /// How many times the whole plan runs, 1 to [`MAX_REPEAT`].
+    pub repeat: usize,
 }
 
 impl Plan {
@@ -180,6 +193,9 @@ impl Plan {
             return Err(Failure::Usage(format!(
                 "`--principals`: expected 1 to {MAX_PRINCIPALS}"
             )));
+        }
+        if args.repeat == 0 || args.repeat > MAX_REPEAT {
+            return Err(Failure::Usage(format!("`--repeat`: expected 1 to {MAX_REPEAT}")));
         }
         if let Some(url) = &args.server {
             check_loopback(url)?;
@@ -233,6 +249,7 @@ impl Plan {
             warmup: args.warmup,
             scenarios,
             principals: args.principals,
+            repeat: args.repeat,
         })
     }
 }

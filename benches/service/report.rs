@@ -1,6 +1,8 @@
-//! What a run prints: the table (each `Decide` figure beside its ratios to the two baselines of the
-//! same concurrency) or, with `--json`, the same figures as one JSON document; and the machine's
-//! load average around the run, since a shared machine's figures mean little without it.
+//! What a run prints: the table (each `Decide` figure beside its ratios to the health and store
+//! baselines of the same concurrency, and per concurrency the comparisons issue 14 sets targets
+//! for) or, with `--json`, the same figures as one JSON document; and the machine's load average
+//! around the run, since a shared machine's figures mean little without it. Every figure is the
+//! median of the runs (`summary`).
 
 use std::fmt::Write as _;
 
@@ -8,6 +10,7 @@ use serde_json::{json, Value};
 
 use crate::callers::Measured;
 use crate::plan::Plan;
+use crate::summary::Summary;
 
 /// Where the callers went.
 pub struct Target {
@@ -22,8 +25,44 @@ pub struct Report {
     pub plan: Plan,
     pub load_before: Option<[f64; 3]>,
     pub load_after: Option<[f64; 3]>,
+    /// Every run's measurements, in the order they were taken.
     pub measurements: Vec<Measured>,
+    /// One row per concurrency and measurement, over the runs.
+    pub summaries: Vec<Summary>,
 }
+
+/// A ratio of two measurements' median throughputs at one concurrency.
+struct Comparison {
+    /// Its JSON key.
+    key: &'static str,
+    /// Its name in the table.
+    label: &'static str,
+    over: &'static str,
+    under: &'static str,
+}
+
+/// The comparisons issue 14 sets targets for (at 64 callers on PostgreSQL): capped ÷ uncapped ≥
+/// 0.8, capped-hot ÷ uncapped ≥ 0.6, capped-hot ÷ hot-row ≥ 3.
+const COMPARISONS: &[Comparison] = &[
+    Comparison {
+        key: "capped_over_uncapped",
+        label: "capped ÷ uncapped",
+        over: "decide-capped",
+        under: "decide-uncapped",
+    },
+    Comparison {
+        key: "capped_hot_over_uncapped",
+        label: "capped-hot ÷ uncapped",
+        over: "decide-capped-hot",
+        under: "decide-uncapped",
+    },
+    Comparison {
+        key: "capped_hot_over_hot_row",
+        label: "capped-hot ÷ hot-row",
+        over: "decide-capped-hot",
+        under: "hot-row",
+    },
+];
 
 /// `/proc/loadavg`'s three averages, where there is one.
 pub fn load_average() -> Option<[f64; 3]> {
@@ -44,23 +83,41 @@ struct Ratios {
 }
 
 impl Report {
-    fn baseline(&self, concurrency: usize, name: &str) -> Option<&Measured> {
-        self.measurements
+    fn summary(&self, concurrency: usize, name: &str) -> Option<&Summary> {
+        self.summaries
             .iter()
-            .find(|measured| measured.concurrency == concurrency && measured.name == name)
+            .find(|summary| summary.concurrency == concurrency && summary.name == name)
     }
 
     /// A Decide figure against a baseline of the same concurrency.
-    fn ratios(&self, measured: &Measured, baseline: &str) -> Option<Ratios> {
-        if !measured.name.starts_with("decide") {
+    fn ratios(&self, summary: &Summary, baseline: &str) -> Option<Ratios> {
+        if !summary.name.starts_with("decide") {
             return None;
         }
-        let base = self.baseline(measured.concurrency, baseline)?;
+        let base = self.summary(summary.concurrency, baseline)?;
         Some(Ratios {
-            throughput: ratio(measured.per_second(), base.per_second()),
-            p50: ratio(measured.percentile_ms(0.50), base.percentile_ms(0.50)),
-            p99: ratio(measured.percentile_ms(0.99), base.percentile_ms(0.99)),
+            throughput: ratio(summary.per_second, base.per_second),
+            p50: ratio(summary.p50_ms, base.p50_ms),
+            p99: ratio(summary.p99_ms, base.p99_ms),
         })
+    }
+
+    /// The comparisons at `concurrency` whose two measurements were both taken, each with its
+    /// ratio (none when a throughput is zero).
+    fn comparisons(&self, concurrency: usize) -> Vec<(&'static Comparison, Option<f64>)> {
+        COMPARISONS
+            .iter()
+            .filter_map(|comparison| {
+                let over = self.summary(concurrency, comparison.over)?;
+                let under = self.summary(concurrency, comparison.under)?;
+                Some((comparison, ratio(over.per_second, under.per_second)))
+            })
+            .collect()
+    }
+
+    /// The concurrencies measured, in plan order.
+    fn concurrencies(&self) -> &[usize] {
+        &self.plan.concurrency
     }
 
     fn header(&self) -> String {
@@ -79,10 +136,18 @@ impl Report {
         );
         let _ = writeln!(
             text,
-            "each measurement: {} ms warm-up, then {} ms counted; {} principal(s) in rotation",
+            "each measurement: {} ms warm-up, then {} ms counted; {} principal(s) in rotation; {}",
             self.plan.warmup.as_millis(),
             self.plan.duration.as_millis(),
             self.plan.principals,
+            if self.plan.repeat == 1 {
+                "one run".to_owned()
+            } else {
+                format!(
+                    "{} runs of the whole plan, each figure their median",
+                    self.plan.repeat
+                )
+            },
         );
         let show = |load: Option<[f64; 3]>| {
             load.map_or_else(
@@ -102,12 +167,29 @@ impl Report {
     pub fn table(&self) -> String {
         let mut text = self.header();
         text.push('\n');
+        // The range of the runs' throughputs, only when there are several runs.
+        let ranged = self.plan.repeat > 1;
+        let range = |summary: &Summary| {
+            if ranged {
+                format!(
+                    " {:>13}",
+                    format!("{:.0}–{:.0}", summary.min_per_second(), summary.max_per_second())
+                )
+            } else {
+                String::new()
+            }
+        };
         let _ = writeln!(
             text,
-            "{:>7}  {:<30} {:>10} {:>8} {:>8}   {:>17}   {:>17}   {:>17}",
+            "{:>7}  {:<34} {:>10}{} {:>8} {:>8}   {:>17}   {:>17}   {:>17}",
             "callers",
             "measurement",
             "per s",
+            if ranged {
+                format!(" {:>13}", "min–max")
+            } else {
+                String::new()
+            },
             "p50 ms",
             "p99 ms",
             "per s ÷ hc / st",
@@ -125,42 +207,74 @@ impl Report {
                 show(store.as_ref().and_then(pick))
             ),
         };
-        let mut last = 0;
-        for measured in &self.measurements {
-            if last != 0 && measured.concurrency != last {
+        for (index, &concurrency) in self.concurrencies().iter().enumerate() {
+            if index > 0 {
                 text.push('\n');
             }
-            last = measured.concurrency;
-            let health = self.ratios(measured, "health");
-            let store = self.ratios(measured, "store-append");
-            let line = format!(
-                "{:>7}  {:<30} {:>10.0} {:>8.3} {:>8.3}   {:>17}   {:>17}   {:>17}",
-                measured.concurrency,
-                measured.label,
-                measured.per_second(),
-                measured.percentile_ms(0.50),
-                measured.percentile_ms(0.99),
-                pair(&health, &store, |r| r.throughput),
-                pair(&health, &store, |r| r.p50),
-                pair(&health, &store, |r| r.p99),
-            );
-            let _ = writeln!(text, "{}", line.trim_end());
-            if measured.errors > 0 || measured.not_allowed > 0 {
-                let _ = writeln!(
-                    text,
-                    "{:>7}  ! {} error(s), {} answer(s) not allow (or not SERVING); first: {}",
-                    "",
-                    measured.errors,
-                    measured.not_allowed,
-                    measured.problem.as_deref().unwrap_or("?")
+            for summary in self
+                .summaries
+                .iter()
+                .filter(|summary| summary.concurrency == concurrency)
+            {
+                let health = self.ratios(summary, "health");
+                let store = self.ratios(summary, "store-append");
+                let line = format!(
+                    "{:>7}  {:<34} {:>10.0}{} {:>8.3} {:>8.3}   {:>17}   {:>17}   {:>17}",
+                    summary.concurrency,
+                    summary.label,
+                    summary.per_second,
+                    range(summary),
+                    summary.p50_ms,
+                    summary.p99_ms,
+                    pair(&health, &store, |r| r.throughput),
+                    pair(&health, &store, |r| r.p50),
+                    pair(&health, &store, |r| r.p99),
                 );
+                let _ = writeln!(text, "{}", line.trim_end());
+                if summary.errors > 0 || summary.not_allowed > 0 {
+                    let _ = writeln!(
+                        text,
+                        "{:>7}  ! {} error(s), {} answer(s) not allow (or not SERVING); first: {}",
+                        "",
+                        summary.errors,
+                        summary.not_allowed,
+                        summary.problem.as_deref().unwrap_or("?")
+                    );
+                }
+            }
+            let compared: Vec<String> = self
+                .comparisons(concurrency)
+                .into_iter()
+                .map(|(comparison, value)| format!("{} {}", comparison.label, show(value)))
+                .collect();
+            if !compared.is_empty() {
+                let _ = writeln!(text, "{:>7}  = {}", "", compared.join("; "));
             }
         }
         text.push_str(
             "\nhc = the health Check baseline, st = the append_audit baseline (rows/s; latency per \
-             batch), same concurrency, same run.\n",
+             batch), same concurrency, same run.\nhot row = the store's old per-call conditional \
+             statement on one row, one autocommit transaction each (connections capped at 64; on \
+             SQLite one writer at a time).\n= throughputs of the medians; issue 14's targets at 64 \
+             callers on PostgreSQL: capped ÷ uncapped ≥ 0.80, capped-hot ÷ uncapped ≥ 0.60, \
+             capped-hot ÷ hot-row ≥ 3.\n",
         );
         text
+    }
+
+    /// The plot `--svg` writes: throughput and p99 against callers, the medians of the runs.
+    pub fn svg(&self) -> String {
+        let title = format!(
+            "capgate service bench: {} store, {} ms per measurement, {}",
+            self.store,
+            self.plan.duration.as_millis(),
+            if self.plan.repeat == 1 {
+                "one run".to_owned()
+            } else {
+                format!("median of {} runs", self.plan.repeat)
+            }
+        );
+        crate::svg::plot(&self.summaries, &self.plan.concurrency, &title)
     }
 
     /// The JSON document, as the CLI prints its own: pretty, with a final newline.
@@ -174,11 +288,11 @@ impl Report {
     fn document(&self) -> Value {
         let figure = |value: Option<f64>| value.map_or(Value::Null, |value| json!(value));
         let rows: Vec<Value> = self
-            .measurements
+            .summaries
             .iter()
-            .map(|measured| {
+            .map(|summary| {
                 let against = |baseline: &str| {
-                    self.ratios(measured, baseline).map_or(Value::Null, |ratios| {
+                    self.ratios(summary, baseline).map_or(Value::Null, |ratios| {
                         json!({
                             "per_second": figure(ratios.throughput),
                             "p50": figure(ratios.p50),
@@ -187,21 +301,38 @@ impl Report {
                     })
                 };
                 json!({
-                    "concurrency": measured.concurrency,
-                    "measurement": measured.name,
-                    "unit": if measured.name == "store-append" { "rows" } else { "calls" },
-                    "completed": measured.completed,
-                    "seconds": measured.seconds,
-                    "per_second": measured.per_second(),
-                    "p50_ms": measured.percentile_ms(0.50),
-                    "p99_ms": measured.percentile_ms(0.99),
-                    "max_ms": measured.percentile_ms(1.0),
-                    "errors": measured.errors,
-                    "not_allowed": measured.not_allowed,
-                    "problem": measured.problem,
+                    "concurrency": summary.concurrency,
+                    "measurement": summary.name,
+                    "label": summary.label,
+                    "unit": if summary.name == "store-append" { "rows" } else { "calls" },
+                    "runs": summary.runs.len(),
+                    "completed": summary.completed,
+                    "seconds": summary.seconds,
+                    "per_second": summary.per_second,
+                    "per_second_min": summary.min_per_second(),
+                    "per_second_max": summary.max_per_second(),
+                    "per_second_runs": summary.runs,
+                    "p50_ms": summary.p50_ms,
+                    "p99_ms": summary.p99_ms,
+                    "max_ms": summary.max_ms,
+                    "errors": summary.errors,
+                    "not_allowed": summary.not_allowed,
+                    "problem": summary.problem,
                     "ratio_to_health": against("health"),
                     "ratio_to_store": against("store-append"),
                 })
+            })
+            .collect();
+        let comparisons: Vec<Value> = self
+            .concurrencies()
+            .iter()
+            .map(|&concurrency| {
+                let mut row = serde_json::Map::new();
+                row.insert("concurrency".to_owned(), json!(concurrency));
+                for (comparison, value) in self.comparisons(concurrency) {
+                    row.insert(comparison.key.to_owned(), figure(value));
+                }
+                Value::Object(row)
             })
             .collect();
         json!({
@@ -213,9 +344,12 @@ impl Report {
             "warmup_ms": self.plan.warmup.as_millis() as u64,
             "duration_ms": self.plan.duration.as_millis() as u64,
             "principals": self.plan.principals,
+            "repeat": self.plan.repeat,
+            "statistic": "median of the runs",
             "load_average_before": self.load_before,
             "load_average_after": self.load_after,
             "measurements": rows,
+            "comparisons": comparisons,
         })
     }
 }
