@@ -187,6 +187,13 @@ fn ones(words: &[u64]) -> impl Iterator<Item = usize> + '_ {
     })
 }
 
+/// The position of the first set bit of `words`: what `ones(words).next()`
+/// gives, without the iterator's state, for the step every decision takes.
+fn first_one(words: &[u64]) -> Option<usize> {
+    let at = words.iter().position(|&word| word != 0)?;
+    Some(at * 64 + words[at].trailing_zeros() as usize)
+}
+
 fn set(words: &mut [u64], bit: usize) {
     words[bit / 64] |= 1 << (bit % 64);
 }
@@ -488,7 +495,7 @@ impl Index {
     fn summarise(&self, list: &List, matching: &[u64]) -> Option<Matches> {
         let (start, end) = (list.start as usize, list.end as usize);
         let candidates = &self.candidates[start..end];
-        let first_match = ones(matching).next()?;
+        let first_match = first_one(matching)?;
         let winner = if list.ranked {
             first_match
         } else {
