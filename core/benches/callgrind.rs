@@ -3,10 +3,13 @@
 //! compare two versions of the code where timings on a shared machine cannot.
 //!
 //! Arguments (after cargo's own `--bench`): grants (1000 or 10000), what to
-//! run (`indexed`, `linear`, `listing` or `compile`) and how many requests
-//! (or listings, or compiles). Only `decide_stream`, `list_stream` and
-//! `compile_stream` are worth counting; collect one alone with
-//! `--toggle-collect='*decide_stream*'` (or `*list_stream*`, `*compile_stream*`)
+//! run (`indexed`, `linear`, `prepared`, `prepare`, `listing` or `compile`)
+//! and how many requests (or preparations, listings, compiles). `prepared`
+//! decides each request for its principal prepared beforehand (once per
+//! token), `prepare` prepares the requests' principals and nothing else. Only
+//! `decide_stream`, `decide_prepared_stream`, `prepare_stream`, `list_stream`
+//! and `compile_stream` are worth counting; collect one alone with
+//! `--toggle-collect='*decide_stream*'` (or `*decide_prepared_stream*`, …)
 //! and divide the total by the count. docs/benchmarks.md has the command.
 
 // The fixed-policy generator in `support` serves the criterion benchmark only.
@@ -15,7 +18,9 @@ mod support;
 
 use std::hint::black_box;
 
-use capgate_core::access::{evaluate, evaluate_linear, visible, Decision, Instant, Ruleset, Usage};
+use capgate_core::access::{
+    evaluate, evaluate_linear, evaluate_prepared, visible, Decision, Instant, Prepared, Ruleset, Usage,
+};
 use capgate_core::principals::Principal;
 
 use support::stream::{self, Stream};
@@ -36,6 +41,37 @@ fn decide_stream(stream: &Stream, count: usize, evaluator: Evaluator) -> usize {
                 Usage::NotConsulted,
             )
             .is_allow()
+        })
+        .count()
+}
+
+/// Decides the first `count` requests of the stream (cycling) for their
+/// principals prepared beforehand (`prepared[n]` is principal `n`'s),
+/// returning how many were allowed.
+#[inline(never)]
+fn decide_prepared_stream(stream: &Stream, prepared: &[Prepared<'_>], count: usize) -> usize {
+    (0..count)
+        .filter(|&n| {
+            let request = &stream.requests[n % stream.requests.len()];
+            evaluate_prepared(
+                black_box(&prepared[request.principal]),
+                black_box(&request.capability),
+                0,
+                Usage::NotConsulted,
+            )
+            .is_allow()
+        })
+        .count()
+}
+
+/// Prepares the principals of the first `count` requests (cycling), returning
+/// how many were prepared.
+#[inline(never)]
+fn prepare_stream(stream: &Stream, count: usize) -> usize {
+    (0..count)
+        .map(|n| {
+            let (principal, _) = stream.request(n % stream.requests.len());
+            black_box(stream.ruleset.prepare(black_box(principal)));
         })
         .count()
 }
@@ -94,8 +130,19 @@ fn main() {
     let result = match what {
         "indexed" => decide_stream(&stream, count, evaluate),
         "linear" => decide_stream(&stream, count, evaluate_linear),
+        "prepared" => {
+            let prepared: Vec<Prepared<'_>> = stream
+                .principals
+                .iter()
+                .map(|principal| stream.ruleset.prepare(principal))
+                .collect();
+            decide_prepared_stream(&stream, &prepared, count)
+        }
+        "prepare" => prepare_stream(&stream, count),
         "listing" => list_stream(&stream, count),
-        other => panic!("`{other}` is not one of `indexed`, `linear`, `listing`, `compile`"),
+        other => {
+            panic!("`{other}` is not one of `indexed`, `linear`, `prepared`, `prepare`, `listing`, `compile`")
+        }
     };
     println!("{what} at {grants} grants: {count} runs, result {result}");
 }

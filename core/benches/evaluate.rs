@@ -11,10 +11,12 @@ mod support;
 
 use std::hint::black_box;
 
-use capgate_core::access::{evaluate, evaluate_linear, visible, Decision, ReasonCode, Ruleset, Usage};
+use capgate_core::access::{
+    evaluate, evaluate_linear, evaluate_prepared, visible, Decision, Prepared, ReasonCode, Ruleset, Usage,
+};
 use capgate_core::policy::{compile, schema, Document, Severity};
 use capgate_core::principals::Principal;
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 
 use support::stream::{self, Stream};
 use support::Generated;
@@ -208,16 +210,20 @@ fn compiling(c: &mut Criterion) {
 const STREAM: usize = 8_192;
 
 /// Builds the stream at `grants` and checks, before measuring anything, that
-/// the index and the scan decide every request alike.
+/// the index, a prepared principal and the scan decide every request alike.
 fn stream_fixture(grants: usize) -> Stream {
     let stream = stream::build(grants, stream::PRINCIPALS, STREAM, support::SEED);
     let mut allowed = 0;
     let mut codes: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    let prepared = prepare_all(&stream);
     for n in 0..stream.requests.len() {
         let (principal, capability) = stream.request(n);
         let fast = evaluate(&stream.ruleset, principal, capability, AT, Usage::NotConsulted);
         let slow = evaluate_linear(&stream.ruleset, principal, capability, AT, Usage::NotConsulted);
         assert_eq!(fast, slow, "{principal:?} `{capability}`");
+        let ready = &prepared[stream.requests[n].principal];
+        let once = evaluate_prepared(ready, capability, AT, Usage::NotConsulted);
+        assert_eq!(once, fast, "prepared: {principal:?} `{capability}`");
         allowed += usize::from(fast.is_allow());
         *codes.entry(fast.reason().code.as_str()).or_default() += 1;
     }
@@ -233,10 +239,21 @@ fn stream_fixture(grants: usize) -> Stream {
     stream
 }
 
+/// Every principal of the stream prepared, as a service would once per token
+/// (or per request): `[n]` is `principals[n]`'s.
+fn prepare_all(stream: &Stream) -> Vec<Prepared<'_>> {
+    stream
+        .principals
+        .iter()
+        .map(|principal| stream.ruleset.prepare(principal))
+        .collect()
+}
+
 fn streams(c: &mut Criterion) {
     let fixtures: Vec<Stream> = SIZES.iter().map(|&n| stream_fixture(n)).collect();
 
     for f in &fixtures {
+        let prepared = prepare_all(f);
         let mut group = c.benchmark_group(format!("stream/{}", f.grants));
         // One iteration is one decision: the next request of the stream, so
         // the figure is per decision and every request is visited in turn.
@@ -269,6 +286,29 @@ fn streams(c: &mut Criterion) {
                 .is_allow()
             })
         });
+        // Per token: the request's principal was prepared beforehand (as a
+        // service would when it verified the token), so a decision is the
+        // capability look-up and steps 3–8; `prepare` is what preparing costs.
+        group.bench_function("prepared", |b| {
+            b.iter(|| {
+                let request = &f.requests[next];
+                next = (next + 1) % f.requests.len();
+                evaluate_prepared(
+                    black_box(&prepared[request.principal]),
+                    black_box(&request.capability),
+                    AT,
+                    Usage::NotConsulted,
+                )
+                .is_allow()
+            })
+        });
+        group.bench_function("prepare", |b| {
+            b.iter(|| {
+                let request = &f.requests[next];
+                next = (next + 1) % f.requests.len();
+                f.ruleset.prepare(black_box(&f.principals[request.principal]))
+            })
+        });
         group.finish();
     }
 
@@ -294,11 +334,27 @@ fn streams(c: &mut Criterion) {
         group.finish();
     }
 
+    // The compile of the 10k artifact against its 250 ms target, and its
+    // stages: the parse, the schema, and building the ruleset (the index) from
+    // the compiled grants, which is what the decision path's speed costs.
     let text = stream::policy(10_000, support::SEED).text;
+    let ruleset = &fixtures[fixtures.len() - 1].ruleset;
     let mut group = c.benchmark_group("stream_compile/10000");
     group.sample_size(10);
     group.bench_function("end_to_end", |b| {
         b.iter(|| compile(black_box(text.as_bytes()), None))
+    });
+    group.bench_function("parse", |b| {
+        b.iter(|| Document::parse(black_box(&text)).map(|d| d.root().is_some()))
+    });
+    let document = Document::parse(&text).expect("generated YAML parses");
+    group.bench_function("schema", |b| b.iter(|| schema::validate(black_box(&document))));
+    group.bench_function("ruleset", |b| {
+        b.iter_batched(
+            || (ruleset.capabilities().to_vec(), ruleset.grants().to_vec()),
+            |(capabilities, grants)| Ruleset::new(capabilities, grants),
+            BatchSize::LargeInput,
+        )
     });
     group.finish();
 }

@@ -62,13 +62,15 @@ struct Vocabulary {
     /// The pair's slot and value number.
     required: Vec<(u32, u32)>,
     /// Per slot: the number of any value no selector requires, and of
-    /// absence (the count of values some selector requires).
-    unknown: Vec<u32>,
+    /// absence (the count of values some selector requires). It is the
+    /// interned form of a principal with none of the attributes, which
+    /// interning starts from: a copy of a value, not of a slice.
+    unknown: Values,
 }
 
 impl Vocabulary {
     fn unknown(&self, slot: usize) -> u32 {
-        self.unknown[slot]
+        self.unknown.as_ref()[slot]
     }
 }
 
@@ -152,6 +154,17 @@ pub(crate) struct Index {
     words: Vec<u64>,
 }
 
+/// What building the lists reads of each grant, computed once per grant:
+/// `[g]` is grant `g`'s.
+struct GrantFacts {
+    /// The selector as (slot, value number) pairs.
+    selectors: Vec<Vec<(u32, u32)>>,
+    /// The account, numbered by id.
+    accounts: Vec<u32>,
+    /// The ceiling's rate.
+    rates: Vec<Option<Rate>>,
+}
+
 fn number(n: usize) -> u32 {
     // INVARIANT: a ruleset has fewer than 2^32 grants, selector pairs,
     // candidates, bitset words and capabilities (an artifact is bounded far
@@ -172,6 +185,13 @@ fn ones(words: &[u64]) -> impl Iterator<Item = usize> + '_ {
             Some(at * 64 + bit)
         })
     })
+}
+
+/// The position of the first set bit of `words`: what `ones(words).next()`
+/// gives, without the iterator's state, for the step every decision takes.
+fn first_one(words: &[u64]) -> Option<usize> {
+    let at = words.iter().position(|&word| word != 0)?;
+    Some(at * 64 + words[at].trailing_zeros() as usize)
 }
 
 fn set(words: &mut [u64], bit: usize) {
@@ -216,15 +236,21 @@ impl Index {
                     required: pairs()
                         .map(|(slot, _, at, _)| (number(slot), number(at)))
                         .collect(),
-                    unknown: names.values().map(|values| number(values.len())).collect(),
+                    unknown: Values::of(names.values().map(|values| number(values.len()))),
                 }
             })
             .collect();
 
-        // Each grant's selector as pairs, and its account as a number.
+        // Each grant's selector as pairs, its account as a number and its
+        // ceiling as a rate, once, rather than once per list that names it
+        // and per comparison of the sort.
         let mut accounts: HashMap<&str, u32, FxBuildHasher> = HashMap::default();
         let mut lists: Vec<BTreeMap<u32, Vec<u32>>> = vec![BTreeMap::new(); capabilities];
-        let mut selectors: Vec<Vec<(u32, u32)>> = Vec::with_capacity(grants.len());
+        let mut grant_facts = GrantFacts {
+            selectors: Vec::with_capacity(grants.len()),
+            accounts: Vec::with_capacity(grants.len()),
+            rates: Vec::with_capacity(grants.len()),
+        };
         for (at, grant) in grants.iter().enumerate() {
             // INVARIANT: every grant's issuer and selector pair is in the
             // dictionaries, built above from these very grants.
@@ -238,9 +264,11 @@ impl Index {
                     vocabulary.required[at]
                 })
                 .collect();
-            selectors.push(pairs);
+            grant_facts.selectors.push(pairs);
             let next = number(accounts.len());
-            accounts.entry(grant.account.id.as_str()).or_insert(next);
+            let account = *accounts.entry(grant.account.id.as_str()).or_insert(next);
+            grant_facts.accounts.push(account);
+            grant_facts.rates.push(grant.limits.as_ref().map(Rate::of));
             for named in &grant.capabilities {
                 let Some(capability) = capability_of(named) else {
                     continue;
@@ -261,13 +289,13 @@ impl Index {
         for by_issuer in lists {
             let from = number(index.lists.len());
             for (issuer, mut members) in by_issuer {
-                let rate = |at: &u32| grants[*at as usize].limits.as_ref().map(Rate::of);
+                let rate = |at: &u32| grant_facts.rates[*at as usize];
                 let ranked = members.iter().all(|at| orders_totally(rate(at)));
                 if ranked {
                     // Stable: candidates of equal restrictiveness stay in file order.
                     members.sort_by(|a, b| restrictiveness(rate(a), rate(b)));
                 }
-                index.push_list(issuer, &members, ranked, grants, &selectors, &accounts);
+                index.push_list(issuer, &members, ranked, grants, &grant_facts);
             }
             index.by_capability.push((from, number(index.lists.len())));
         }
@@ -281,24 +309,27 @@ impl Index {
         members: &[u32],
         ranked: bool,
         grants: &[Grant],
-        selectors: &[Vec<(u32, u32)>],
-        accounts: &HashMap<&str, u32, FxBuildHasher>,
+        facts: &GrantFacts,
     ) {
+        let GrantFacts {
+            selectors,
+            accounts,
+            rates,
+        } = facts;
         let start = number(self.candidates.len());
         let words = members.len().div_ceil(64);
         let disabled = self.words.len();
         self.words.resize(disabled + words, 0);
         for (at, &grant) in members.iter().enumerate() {
-            let grant = &grants[grant as usize];
-            if grant.account.disabled {
+            if grants[grant as usize].account.disabled {
                 set(&mut self.words[disabled..], at);
             }
-            self.rates.push(grant.limits.as_ref().map(Rate::of));
+            self.rates.push(rates[grant as usize]);
         }
-        let first_account = members.first().map(|&at| grants[at as usize].account.id.as_str());
+        let first_account = members.first().map(|&at| accounts[at as usize]);
         let one_account = members
             .iter()
-            .all(|&at| Some(grants[at as usize].account.id.as_str()) == first_account);
+            .all(|&at| Some(accounts[at as usize]) == first_account);
 
         // The slots this list's selectors use, and what their bitsets would cost.
         let used: BTreeSet<u32> = members
@@ -345,11 +376,10 @@ impl Index {
         by_file.sort_by_key(|&at| members[at as usize]);
         self.file_order.extend(by_file);
         for &member in members {
-            let grant = &grants[member as usize];
             let selector = &selectors[member as usize];
             self.candidates.push(Candidate {
                 grant: member,
-                account: accounts[grant.account.id.as_str()],
+                account: accounts[member as usize],
                 start: number(self.pairs.len()),
                 len: number(if uses.is_some() { 0 } else { selector.len() }),
             });
@@ -373,13 +403,12 @@ impl Index {
         let Some(issuer) = self.issuers.get([&principal.issuer]) else {
             return Interned {
                 issuer: None,
-                values: Values::new(0),
+                values: Values::of(std::iter::empty()),
             };
         };
         let vocabulary = &self.vocabularies[issuer];
-        let mut values = Values::new(vocabulary.unknown.len());
+        let mut values = vocabulary.unknown.clone();
         let slots = values.slots_mut();
-        slots.copy_from_slice(&vocabulary.unknown);
         // An attribute no selector names, or with a value none requires,
         // is not in the dictionary: its slot, if any, stays unknown.
         for (name, value) in &principal.attributes {
@@ -466,7 +495,7 @@ impl Index {
     fn summarise(&self, list: &List, matching: &[u64]) -> Option<Matches> {
         let (start, end) = (list.start as usize, list.end as usize);
         let candidates = &self.candidates[start..end];
-        let first_match = ones(matching).next()?;
+        let first_match = first_one(matching)?;
         let winner = if list.ranked {
             first_match
         } else {
@@ -528,13 +557,17 @@ enum Values {
 }
 
 impl Values {
-    fn new(len: usize) -> Self {
+    fn of(numbers: impl ExactSizeIterator<Item = u32>) -> Self {
+        let len = numbers.len();
         match u8::try_from(len) {
-            Ok(short) if len <= INLINE_SLOTS => Values::Inline {
-                len: short,
-                slots: [0; INLINE_SLOTS],
-            },
-            _ => Values::Spilled(vec![0; len]),
+            Ok(short) if len <= INLINE_SLOTS => {
+                let mut slots = [0; INLINE_SLOTS];
+                for (slot, number) in slots.iter_mut().zip(numbers) {
+                    *slot = number;
+                }
+                Values::Inline { len: short, slots }
+            }
+            _ => Values::Spilled(numbers.collect()),
         }
     }
 

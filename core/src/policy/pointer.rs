@@ -10,6 +10,17 @@ pub fn escape(segment: &str) -> String {
     }
 }
 
+/// Appends one segment to `pointer`: `/` and the segment, escaped. Most
+/// segments need no escaping and are copied as they are.
+pub fn push(pointer: &mut String, segment: &str) {
+    pointer.push('/');
+    if segment.contains(['~', '/']) {
+        pointer.push_str(&escape(segment));
+    } else {
+        pointer.push_str(segment);
+    }
+}
+
 /// Builds a pointer from segments: `join(["grants", "0"])` is `/grants/0`.
 pub fn join<I, S>(segments: I) -> String
 where
@@ -18,8 +29,7 @@ where
 {
     let mut out = String::new();
     for segment in segments {
-        out.push('/');
-        out.push_str(&escape(segment.as_ref()));
+        push(&mut out, segment.as_ref());
     }
     out
 }
