@@ -26,8 +26,8 @@ use capgate::store::{
 use capgate_core::access::ReasonCode;
 use serde_json::{json, Value};
 use support::client::{example_with_ceiling, CATALOG, POLICY};
-use support::postgres::TestDatabase;
 use support::counting::consume;
+use support::postgres::TestDatabase;
 
 const BIN: &str = env!("CARGO_BIN_EXE_capgate");
 
@@ -498,8 +498,7 @@ async fn policies_and_usage(url: String, store: AnyStore) {
     };
     let window = capgate::clock::now();
     for _ in 0..3 {
-        consume(&store, read, window, 3_600_000, 300)
-            .await;
+        consume(&store, read, window, 3_600_000, 300).await;
     }
     let usage = |extra: &[&str]| {
         let mut all = vec!["usage", "--principal", "staff:ana", "--database-url", &url];

@@ -158,7 +158,10 @@ async fn exactly_the_ceiling_is_allowed<S: Store>(channels: &[Channel], store: &
         (allowed, exhausted),
         (CEILING as usize, CALLS - CEILING as usize),
         "run {run}: every answer is an allow within the ceiling or `limit_exhausted`: {:?}",
-        responses.iter().map(code).collect::<std::collections::BTreeSet<_>>()
+        responses
+            .iter()
+            .map(code)
+            .collect::<std::collections::BTreeSet<_>>()
     );
     let mut remaining: Vec<u64> = responses
         .iter()
@@ -175,16 +178,25 @@ async fn exactly_the_ceiling_is_allowed<S: Store>(channels: &[Channel], store: &
         })
         .await
         .expect("read the audit trail");
-    let answered: std::collections::HashSet<&str> =
-        responses.iter().map(|response| response.decision_id.as_str()).collect();
+    let answered: std::collections::HashSet<&str> = responses
+        .iter()
+        .map(|response| response.decision_id.as_str())
+        .collect();
     let decides: HashMap<&str, _> = audit
         .iter()
         .filter(|record| answered.contains(record.decision_id.as_str()))
         .map(|record| (record.decision_id.as_str(), record))
         .collect();
     assert_eq!(decides.len(), CALLS, "exactly one decide record per call");
-    let decide_records = audit.iter().filter(|record| record.kind.as_str() == "decide").count();
-    assert_eq!(decide_records, (run + 1) * CALLS, "no record of a call not answered");
+    let decide_records = audit
+        .iter()
+        .filter(|record| record.kind.as_str() == "decide")
+        .count();
+    assert_eq!(
+        decide_records,
+        (run + 1) * CALLS,
+        "no record of a call not answered"
+    );
     for response in &responses {
         let record = decides
             .get(response.decision_id.as_str())

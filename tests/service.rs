@@ -15,7 +15,7 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -88,6 +88,7 @@ on_both_stores! {
     a_failing_counter_store_denies_capped_calls_and_allows_uncapped_ones,
     without_a_spool_an_unwritable_audit_fails_the_call,
     with_a_spool_decisions_go_on_and_records_arrive_later,
+    a_capped_call_spooled_past_its_deadline_is_never_counted,
     list_visible_lists_tools_in_catalog_order_and_records_what_was_visible,
     tokens_are_required_and_roles_enforced,
     health_follows_the_active_policy_and_reflection_lists_the_services,
@@ -108,6 +109,8 @@ struct Flaky {
     reads_down: Arc<AtomicBool>,
     /// Counting capped calls fails (their batch is then stored without counting them).
     counters_down: Arc<AtomicBool>,
+    /// A batch that counts capped calls waits this long (ms) before its transaction starts.
+    stall_counting_ms: Arc<AtomicU64>,
     audit_down: Arc<AtomicBool>,
 }
 
@@ -208,8 +211,13 @@ impl Store for Flaky {
     ) -> impl Future<Output = StoreResult<Vec<store::Tally>>> + Send {
         let counters_down = self.counters_down.load(Ordering::SeqCst) && !asks.is_empty();
         let audit_down = self.audit_down.load(Ordering::SeqCst);
+        let stall = match asks.is_empty() {
+            true => 0,
+            false => self.stall_counting_ms.load(Ordering::SeqCst),
+        };
         let commit = self.inner.commit_batch(asks, records, remembered, settle, gate);
         async move {
+            tokio::time::sleep(Duration::from_millis(stall)).await;
             if counters_down {
                 down(store::COUNT_USAGE)
             } else if audit_down {
@@ -333,6 +341,7 @@ impl Harness {
             inner: place.store().await,
             reads_down: Arc::new(AtomicBool::new(false)),
             counters_down: Arc::new(AtomicBool::new(false)),
+            stall_counting_ms: Arc::new(AtomicU64::new(0)),
             audit_down: Arc::new(AtomicBool::new(false)),
         };
         let mut config = Config::new(vec!["127.0.0.1:0".parse().unwrap()]);
@@ -1236,6 +1245,65 @@ async fn with_a_spool_decisions_go_on_and_records_arrive_later(kind: Kind) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(emptied, "the spool is emptied");
+    harness.stop().await;
+}
+
+/// With a spool, a capped call whose batch has not begun committing by the deadline is answered
+/// `usage_unknown` and spooled as such — and its transaction, when it gets to its commit, must not
+/// count it: the gate rolls it back (docs/decisions/0025). A call answered `usage_unknown` but
+/// counted would take a call from the window that nobody was allowed.
+async fn a_capped_call_spooled_past_its_deadline_is_never_counted(kind: Kind) {
+    let spool = tempfile::tempdir().unwrap();
+    let spool_dir = spool.path().to_owned();
+    let harness = Harness::start(kind, |config| {
+        config.audit_spool = Some(spool_dir.clone());
+        config.store_timeout = Duration::from_millis(50);
+        config.audit_timeout = Duration::from_secs(2);
+    })
+    .await;
+    harness.publish(POLICY, Some(CATALOG)).await.unwrap();
+    let payments = for_capability(
+        principal(
+            "mesh",
+            "CN=pay",
+            &[("org", &["Acme Corp"]), ("unit", &["payments"])],
+        ),
+        "billing.refund.create",
+    );
+    harness.store.stall_counting_ms.store(400, Ordering::SeqCst);
+    let answered = harness.decide(payments.clone()).await.unwrap();
+    assert_eq!(
+        summary(&answered).1,
+        ReasonCode::UsageUnknown,
+        "answered at the deadline"
+    );
+    // The stalled transaction reaches its commit after the answer, and must roll back.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    harness.store.stall_counting_ms.store(0, Ordering::SeqCst);
+    let key = CounterKey {
+        principal_id: "mesh:CN=pay",
+        capability: "billing.refund.create",
+    };
+    assert_eq!(
+        harness.store.inner.read_usage(key).await.unwrap(),
+        None,
+        "the abandoned batch counted nothing"
+    );
+    // The store answers again: the next capped call is counted as the window's first.
+    let mut recovered = None;
+    for _ in 0..50 {
+        let answer = harness.decide(payments.clone()).await.unwrap();
+        if summary(&answer).1 == ReasonCode::Granted {
+            recovered = Some(answer);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let recovered = recovered.expect("capped calls are allowed again once the store keeps up");
+    assert_eq!(
+        decision(&recovered).limits.as_ref().map(|l| l.remaining),
+        Some(19)
+    );
     harness.stop().await;
 }
 

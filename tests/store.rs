@@ -28,17 +28,17 @@ use std::time::Duration;
 use capgate::store::retention::{self, Period};
 use capgate::store::{
     connect, ActivateOutcome, Activation, ActivationKind, Actor, AnyStore, AuditCursor, AuditFilter,
-    AuditGroup, AuditRecord, Claim, CommitGate, CounterAsk, CounterKey, CounterReading, Door, GroupKey, NewPolicy,
-    PostgresStore, PrunedPeriod, PublishOutcome, RecordCode, RecordKind, RecordOutcome, Remembered,
-    RememberedEntry, SqliteStore, Store, StoreError, StoreOptions, StoredCounter, StoredPolicy, Tally,
-    UsageReset,
+    AuditGroup, AuditRecord, Claim, CommitGate, CounterAsk, CounterKey, CounterReading, Door, GroupKey,
+    NewPolicy, PostgresStore, PrunedPeriod, PublishOutcome, RecordCode, RecordKind, RecordOutcome,
+    Remembered, RememberedEntry, SqliteStore, Store, StoreError, StoreOptions, StoredCounter, StoredPolicy,
+    Tally, UsageReset,
 };
 use capgate_core::access::ReasonCode;
 use capgate_core::principals::AuthProblem;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, SqliteConnection};
-use support::postgres::{server_url, TestDatabase};
 use support::counting::{consume, Consumed};
+use support::postgres::{server_url, TestDatabase};
 use support::unique;
 
 // ── The suite ─────────────────────────────────────────────────────────────
@@ -663,10 +663,7 @@ async fn calls_stop_at_the_ceiling<S: Store>(store: S) {
     assert_eq!(taken(&store, key, 1_000, 3).await, counted(1, 1_000));
     assert_eq!(taken(&store, key, 2_000, 3).await, counted(2, 1_000));
     assert_eq!(taken(&store, key, 3_000, 3).await, counted(3, 1_000));
-    assert_eq!(
-        consume(&store, key, 4_000, WINDOW_MS, 3).await,
-        Consumed::Refused
-    );
+    assert_eq!(consume(&store, key, 4_000, WINDOW_MS, 3).await, Consumed::Refused);
     assert_eq!(
         store.read_usage(key).await.expect("read"),
         Some(counted(3, 1_000))
@@ -717,10 +714,7 @@ async fn a_window_starting_later_has_not_expired<S: Store>(store: S) {
     assert_eq!(taken(&store, key, 10_000, 3).await, counted(1, 10_000));
     assert_eq!(taken(&store, key, 5_000, 3).await, counted(2, 10_000));
     assert_eq!(taken(&store, key, 5_000, 3).await, counted(3, 10_000));
-    assert_eq!(
-        consume(&store, key, 5_000, WINDOW_MS, 3).await,
-        Consumed::Refused
-    );
+    assert_eq!(consume(&store, key, 5_000, WINDOW_MS, 3).await, Consumed::Refused);
 
     // Extreme windows neither overflow nor expire.
     let forever = CounterKey {
@@ -732,14 +726,10 @@ async fn a_window_starting_later_has_not_expired<S: Store>(store: S) {
         Consumed::Taken(counted(1, 0))
     );
     assert_eq!(
-        consume(&store, forever, i64::MAX, u64::MAX, 1)
-            .await,
+        consume(&store, forever, i64::MAX, u64::MAX, 1).await,
         Consumed::Refused
     );
-    assert_eq!(
-        consume(&store, forever, i64::MIN, 1, 1).await,
-        Consumed::Refused
-    );
+    assert_eq!(consume(&store, forever, i64::MIN, 1, 1).await, Consumed::Refused);
     // … except the one difference as large as the window itself.
     let ends = CounterKey {
         principal_id: "alice",
@@ -756,10 +746,7 @@ async fn a_zero_ceiling_takes_nothing<S: Store>(store: S) {
         principal_id: "alice",
         capability: "tickets.read",
     };
-    assert_eq!(
-        consume(&store, key, 1_000, WINDOW_MS, 0).await,
-        Consumed::Refused
-    );
+    assert_eq!(consume(&store, key, 1_000, WINDOW_MS, 0).await, Consumed::Refused);
     assert_eq!(store.read_usage(key).await.expect("read"), None);
 }
 
@@ -862,7 +849,13 @@ async fn a_batch_counts_in_arrival_order_with_its_records<S: Store>(store: S) {
     let plain = record(1, 1_000, "carol", "tickets.read", "deny", "no_grant_matches");
     let settle = settle_from(10);
     let tallies = store
-        .commit_batch(&asks, std::slice::from_ref(&plain), &[], &settle, &CommitGate::default())
+        .commit_batch(
+            &asks,
+            std::slice::from_ref(&plain),
+            &[],
+            &settle,
+            &CommitGate::default(),
+        )
         .await
         .expect("commit");
     assert_eq!(
@@ -879,11 +872,18 @@ async fn a_batch_counts_in_arrival_order_with_its_records<S: Store>(store: S) {
         principal_id: "bob",
         capability: "tickets.read",
     };
-    assert_eq!(store.read_usage(bob).await.expect("read"), Some(counted(2, 1_000)));
+    assert_eq!(
+        store.read_usage(bob).await.expect("read"),
+        Some(counted(2, 1_000))
+    );
     let stored = store.query_audit(&all(10)).await.expect("query");
     let mut ids: Vec<&str> = stored.iter().map(|record| record.decision_id.as_str()).collect();
     ids.sort_unstable();
-    assert_eq!(ids, vec!["d1", "d10", "d11", "d12", "d13"], "the batch's records and the settled ones");
+    assert_eq!(
+        ids,
+        vec!["d1", "d10", "d11", "d12", "d13"],
+        "the batch's records and the settled ones"
+    );
 
     // A ceiling of zero counts nothing and leaves no row behind (PostgreSQL locks a row it
     // inserts for the purpose).
@@ -912,7 +912,11 @@ async fn an_abandoned_or_refused_batch_counts_nothing<S: Store>(store: S) {
         .commit_batch(&[ask("alice", 1_000, 5)], &[], &[], &settle_from(1), &gate)
         .await;
     assert!(matches!(abandoned, Err(StoreError::Abandoned)), "{abandoned:?}");
-    assert_eq!(store.read_usage(key).await.expect("read"), None, "nothing counted");
+    assert_eq!(
+        store.read_usage(key).await.expect("read"),
+        None,
+        "nothing counted"
+    );
     assert_eq!(store.query_audit(&all(10)).await.expect("query"), vec![]);
 
     // A settled record the store refuses (a count past BIGINT) fails the batch, counters included.
@@ -926,8 +930,15 @@ async fn an_abandoned_or_refused_batch_counts_nothing<S: Store>(store: S) {
     let refused = store
         .commit_batch(&[ask("alice", 1_000, 5)], &[], &[], &huge, &CommitGate::default())
         .await;
-    assert!(refused.as_ref().is_err_and(StoreError::is_data_error), "{refused:?}");
-    assert_eq!(store.read_usage(key).await.expect("read"), None, "nothing counted");
+    assert!(
+        refused.as_ref().is_err_and(StoreError::is_data_error),
+        "{refused:?}"
+    );
+    assert_eq!(
+        store.read_usage(key).await.expect("read"),
+        None,
+        "nothing counted"
+    );
     assert_eq!(store.query_audit(&all(10)).await.expect("query"), vec![]);
 }
 
@@ -941,7 +952,11 @@ async fn batches_of_many_counters_on_two_replicas_queue_and_stay_exact<S: Store>
     const LIMIT: u64 = 20;
     let mut tasks = Vec::with_capacity(TASKS);
     for task in 0..TASKS {
-        let store = if task % 2 == 0 { store.clone() } else { replica.clone() };
+        let store = if task % 2 == 0 {
+            store.clone()
+        } else {
+            replica.clone()
+        };
         tasks.push(tokio::spawn(async move {
             let mut taken = vec![0_u64; PRINCIPALS];
             for batch in 0..BATCHES_PER_TASK {
@@ -978,7 +993,10 @@ async fn batches_of_many_counters_on_two_replicas_queue_and_stay_exact<S: Store>
             principal_id: &principal_id,
             capability: "tickets.read",
         };
-        assert_eq!(store.read_usage(key).await.expect("read"), Some(counted(LIMIT, 1_000)));
+        assert_eq!(
+            store.read_usage(key).await.expect("read"),
+            Some(counted(LIMIT, 1_000))
+        );
     }
 }
 
@@ -2322,9 +2340,7 @@ fn counted(calls: u64, window_start_ms: i64) -> CounterReading {
 
 /// Consumes one call in a [`WINDOW_MS`] window, which must be granted.
 async fn taken<S: Store>(store: &S, key: CounterKey<'_>, at_ms: i64, limit: u64) -> CounterReading {
-    match consume(store, key, at_ms, WINDOW_MS, limit)
-        .await
-    {
+    match consume(store, key, at_ms, WINDOW_MS, limit).await {
         Consumed::Taken(counted) => counted,
         Consumed::Refused => panic!("refused at {at_ms} with a ceiling of {limit}"),
     }

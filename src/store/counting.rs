@@ -71,9 +71,8 @@ pub(crate) fn count(
         .zip(positions)
         .map(|(ask, &position)| {
             let counter = &mut counters[position];
-            let open = counter.filter(|found| {
-                found.calls > 0 && !expired(found.window_start_ms, ask.at_ms, ask.window_ms)
-            });
+            let open = counter
+                .filter(|found| found.calls > 0 && !expired(found.window_start_ms, ask.at_ms, ask.window_ms));
             let found = open.unwrap_or(CounterReading {
                 calls: 0,
                 window_start_ms: ask.at_ms,
@@ -199,7 +198,10 @@ mod tests {
     fn a_window_one_millisecond_short_of_its_end_is_still_full() {
         let asks = [ask("a", 1_004, 1)];
         let mut counters = vec![Some(reading(1, 5))];
-        assert_eq!(count(&asks, &[0], &mut counters), vec![Tally::Refused(reading(1, 5))]);
+        assert_eq!(
+            count(&asks, &[0], &mut counters),
+            vec![Tally::Refused(reading(1, 5))]
+        );
     }
 
     #[test]
@@ -222,7 +224,10 @@ mod tests {
     #[test]
     fn the_gate_lets_exactly_one_side_win() {
         let gate = CommitGate::default();
-        assert!(gate.commit() && gate.commit(), "a batch split in parts commits each");
+        assert!(
+            gate.commit() && gate.commit(),
+            "a batch split in parts commits each"
+        );
         assert!(!gate.abandon(), "a committing batch cannot be abandoned");
         let gate = CommitGate::default();
         assert!(gate.abandon() && gate.abandon());

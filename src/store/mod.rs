@@ -796,7 +796,6 @@ pub trait Store: Clone + Send + Sync + 'static {
         key: CounterKey<'_>,
     ) -> impl Future<Output = StoreResult<Option<CounterReading>>> + Send;
 
-
     /// A principal's counters (one capability's, with `capability`), by capability, at most
     /// `limit`.
     fn counters(

@@ -25,6 +25,7 @@ use sqlx::postgres::{PgConnectOptions, PgDatabaseError, PgListener, PgPool, PgPo
 use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, Postgres};
 use tokio::sync::Mutex;
 
+use super::counting::{self, COUNT_USAGE};
 use super::retention::{self, Period, RangeBounds};
 use super::sql::{
     self, ActivatePlan, ActivationRow, AuditIntegers, AuditRow, CounterRow, During, NoteRow, PolicyRow,
@@ -32,11 +33,10 @@ use super::sql::{
 };
 use super::{
     ActivateOutcome, Activation, ActivationKind, Actor, AuditFilter, AuditGroup, AuditRecord, Claim,
-    CommitGate, CounterAsk, CounterKey, CounterReading, DecisionNote, ExpectedRevision, GroupKey, NewPolicy, PrunedPeriod,
-    PublishOutcome, RecordCode, Remembered, RememberedEntry, Settle, Store, StoreError, StoreOptions, StoreResult, StoredCounter,
-    StoredPolicy, Tally, UsageReset,
+    CommitGate, CounterAsk, CounterKey, CounterReading, DecisionNote, ExpectedRevision, GroupKey, NewPolicy,
+    PrunedPeriod, PublishOutcome, RecordCode, Remembered, RememberedEntry, Settle, Store, StoreError,
+    StoreOptions, StoreResult, StoredCounter, StoredPolicy, Tally, UsageReset,
 };
-use super::counting::{self, COUNT_USAGE};
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
 
@@ -489,7 +489,10 @@ impl Store for PostgresStore {
         settle: Settle<'_>,
         gate: &CommitGate,
     ) -> StoreResult<Vec<Tally>> {
-        match self.try_commit_batch(asks, records, remembered, settle, gate).await {
+        match self
+            .try_commit_batch(asks, records, remembered, settle, gate)
+            .await
+        {
             // As in `append_audit`: create the partitions the batch needs, then once more.
             Err(StoreError::Database { source, .. }) if lacks_partition(&source) => {
                 let periods = records
@@ -499,7 +502,8 @@ impl Store for PostgresStore {
                     .map(Period::containing)
                     .collect();
                 self.create_partitions(&periods).await.during("commit_batch")?;
-                self.try_commit_batch(asks, records, remembered, settle, gate).await
+                self.try_commit_batch(asks, records, remembered, settle, gate)
+                    .await
             }
             committed => committed,
         }
@@ -708,7 +712,9 @@ impl PostgresStore {
     ) -> StoreResult<()> {
         let columns = AuditArrays::of(records)?;
         let mut tx = self.pool.begin().await.during("append_audit")?;
-        insert_audit(&mut *tx, columns, remembered).await.during("append_audit")?;
+        insert_audit(&mut tx, columns, remembered)
+            .await
+            .during("append_audit")?;
         tx.commit().await.during("append_audit")
     }
 
@@ -725,7 +731,7 @@ impl PostgresStore {
         let tallies = if asks.is_empty() {
             Vec::new()
         } else {
-            count_in(&mut *tx, asks).await.during(COUNT_USAGE)?
+            count_in(&mut tx, asks).await.during(COUNT_USAGE)?
         };
         let (settled, settled_remembered) = if asks.is_empty() {
             (Vec::new(), Vec::new())
@@ -742,7 +748,7 @@ impl PostgresStore {
         } else {
             Cow::Owned([remembered, &settled_remembered].concat())
         };
-        insert_audit(&mut *tx, columns, &remembered)
+        insert_audit(&mut tx, columns, &remembered)
             .await
             .during("commit_batch")?;
         if !gate.commit() {
@@ -752,7 +758,6 @@ impl PostgresStore {
         tx.commit().await.during("commit_batch")?;
         Ok(tallies)
     }
-
 
     /// Creates the partitions of `periods` that do not exist yet; returns how
     /// many it created. Replicas take turns (an advisory lock), so a period

@@ -38,6 +38,7 @@ use sqlx::sqlite::{
 use sqlx::{Connection, Executor, Sqlite, SqliteConnection};
 use tokio::sync::{Mutex, MutexGuard};
 
+use super::counting::{self, COUNT_USAGE};
 use super::retention::{self, Period};
 use super::sql::{
     self, ActivatePlan, ActivationRow, AuditIntegers, AuditRow, CounterRow, During, NoteRow, PolicyRow,
@@ -45,11 +46,10 @@ use super::sql::{
 };
 use super::{
     ActivateOutcome, Activation, ActivationKind, Actor, AuditFilter, AuditGroup, AuditRecord, Claim,
-    CommitGate, CounterAsk, CounterKey, CounterReading, DecisionNote, ExpectedRevision, GroupKey, NewPolicy, PrunedPeriod,
-    PublishOutcome, RecordCode, Remembered, RememberedEntry, Settle, Store, StoreError, StoreOptions, StoreResult, StoredCounter,
-    StoredPolicy, Tally, UsageReset,
+    CommitGate, CounterAsk, CounterKey, CounterReading, DecisionNote, ExpectedRevision, GroupKey, NewPolicy,
+    PrunedPeriod, PublishOutcome, RecordCode, Remembered, RememberedEntry, Settle, Store, StoreError,
+    StoreOptions, StoreResult, StoredCounter, StoredPolicy, Tally, UsageReset,
 };
-use super::counting::{self, COUNT_USAGE};
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
 
@@ -249,7 +249,7 @@ async fn insert_audit(
         .await
         .during(operation)?;
     }
-Ok(())
+    Ok(())
 }
 
 /// Counts `asks` in order against their counters, read and written one by one:

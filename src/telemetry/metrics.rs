@@ -181,13 +181,13 @@ impl Metrics {
                 .build(),
             counter_store_duration: meter
                 .f64_histogram(COUNTER_STORE_DURATION)
-                .with_description("Usage-counter reads and consumptions, by operation and result")
+                .with_description("Audit transactions that counted capped calls (operation `count`), by result")
                 .with_unit("s")
                 .with_boundaries(LATENCY_BOUNDARIES.to_vec())
                 .build(),
             counter_store_errors: meter
                 .u64_counter(COUNTER_STORE_ERRORS)
-                .with_description("Usage-counter calls that failed or timed out (usage unknown)")
+                .with_description("Audit transactions counting capped calls that failed or timed out (their usage unknown)")
                 .with_unit("{error}")
                 .build(),
             audit_batch_size: meter
@@ -296,7 +296,7 @@ impl Metrics {
         self.http_duration.record(elapsed.as_secs_f64(), &attributes);
     }
 
-    /// One counter-store call (`read` or `consume`).
+    /// One audit transaction that counted capped calls (`count`), its whole commit timed.
     pub fn counter_store(&self, operation: &'static str, result: CallResult, elapsed: Duration) {
         let attributes = [
             KeyValue::new("operation", operation),

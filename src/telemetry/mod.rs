@@ -18,9 +18,8 @@ pub mod metrics;
 pub mod prometheus;
 pub mod rpc;
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::KeyValue;
@@ -28,7 +27,6 @@ use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
-use tokio::time::error::Elapsed;
 use tonic::codegen::http;
 use tonic::transport::{Certificate, ClientTlsConfig};
 
@@ -310,22 +308,6 @@ fn init_logging(format: LogFormat, tracer: Option<opentelemetry_sdk::trace::Trac
         .with(lines.with_filter(filter))
         .with(traces)
         .try_init();
-}
-
-/// One usage-counter call (`read` or `consume`) under its timeout, timed and counted by result.
-pub async fn counter_store<T, E>(
-    operation: &'static str,
-    call: impl Future<Output = Result<Result<T, E>, Elapsed>>,
-) -> Result<Result<T, E>, Elapsed> {
-    let started = Instant::now();
-    let result = call.await;
-    let ended = match &result {
-        Ok(Ok(_)) => CallResult::Ok,
-        Ok(Err(_)) => CallResult::Error,
-        Err(_) => CallResult::Timeout,
-    };
-    metrics().counter_store(operation, ended, started.elapsed());
-    result
 }
 
 #[cfg(test)]

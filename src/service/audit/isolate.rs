@@ -39,7 +39,9 @@ pub struct Meter {
 
 impl std::fmt::Debug for Meter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Meter").field("ask", &self.ask).finish_non_exhaustive()
+        f.debug_struct("Meter")
+            .field("ask", &self.ask)
+            .finish_non_exhaustive()
     }
 }
 
@@ -133,7 +135,12 @@ pub(super) struct Appended {
 /// [`Fate::Unstored`]): the splitting shares the batch's one deadline. Every
 /// attempt is one audit transaction in the metrics. No attempt commits once
 /// `gate` is abandoned.
-pub(super) async fn append<S: Store>(store: &S, batch: &Batch, timeout: Duration, gate: &CommitGate) -> Appended {
+pub(super) async fn append<S: Store>(
+    store: &S,
+    batch: &Batch,
+    timeout: Duration,
+    gate: &CommitGate,
+) -> Appended {
     let deadline = Instant::now() + timeout;
     let mut fates = vec![Fate::Unstored; batch.units()];
     let mut tallies = vec![None; batch.units()];
@@ -190,6 +197,9 @@ pub(super) async fn append<S: Store>(store: &S, batch: &Batch, timeout: Duration
             Err(_) => CallResult::Timeout,
         };
         metrics().audit_commit(records.len() + asks.len(), result, started.elapsed());
+        if !asks.is_empty() {
+            metrics().counter_store("count", result, started.elapsed());
+        }
         match attempt {
             Ok(Ok(counted)) => {
                 for ((unit, _), tally) in metered.iter().zip(counted) {

@@ -21,7 +21,12 @@ pub(super) enum First<'a> {
 }
 
 /// The first evaluation, usage not consulted.
-pub(super) fn first<'a>(prepared: &Prepared<'a>, principal_id: &str, capability: &'a str, at: i64) -> First<'a> {
+pub(super) fn first<'a>(
+    prepared: &Prepared<'a>,
+    principal_id: &str,
+    capability: &'a str,
+    at: i64,
+) -> First<'a> {
     let decision = evaluate_prepared(prepared, capability, at, Usage::NotConsulted);
     match &decision {
         Decision::Allow(allow) => match allow.limits {
@@ -82,7 +87,8 @@ pub(super) fn settled<'a>(
                 standing: None,
                 usage_calls: Some(ceiling.calls_counted(reading.calls, reading.window_start_ms, at)),
                 // When the window read ends: the earliest a call can be allowed again.
-                resets_at: exhausted.then(|| reading.window_start_ms.saturating_add_unsigned(ceiling.window_ms)),
+                resets_at: exhausted
+                    .then(|| reading.window_start_ms.saturating_add_unsigned(ceiling.window_ms)),
             }
         }
         None => Metered {

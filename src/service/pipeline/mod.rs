@@ -221,9 +221,12 @@ async fn decide_once<'a, S: Store>(
             Target::Capability(_) => None,
         },
         record,
-        remembered: ask
-            .request_id
-            .map(|request_id| (ask.gateway.name.clone(), idempotency::key(ask.door, request_id).into_owned())),
+        remembered: ask.request_id.map(|request_id| {
+            (
+                ask.gateway.name.clone(),
+                idempotency::key(ask.door, request_id).into_owned(),
+            )
+        }),
         remember: remember.clone(),
     });
     let settling = capped.clone();
