@@ -163,13 +163,11 @@ pub(super) async fn append<S: Store>(
         let (records, remembered) = if counting || metered.is_empty() {
             (Cow::Borrowed(fixed_records), Cow::Borrowed(fixed_remembered))
         } else {
-            let (mut records, mut remembered) = (fixed_records.to_vec(), fixed_remembered.to_vec());
-            for (_, meter) in &metered {
-                let (unit_records, unit_remembered) = (meter.settle)(None);
-                records.extend(unit_records);
-                remembered.extend(unit_remembered);
-            }
-            (Cow::Owned(records), Cow::Owned(remembered))
+            let (records, remembered) = settle_all(metered.iter().map(|(_, meter)| (*meter, None)));
+            (
+                Cow::Owned([fixed_records, &records].concat()),
+                Cow::Owned([fixed_remembered, &remembered].concat()),
+            )
         };
         let asks: Vec<CounterAsk> = if counting {
             metered.iter().map(|(_, meter)| meter.ask.clone()).collect()
@@ -177,13 +175,12 @@ pub(super) async fn append<S: Store>(
             Vec::new()
         };
         let settle = |counted: &[Tally]| {
-            let (mut records, mut remembered) = (Vec::new(), Vec::new());
-            for ((_, meter), tally) in metered.iter().zip(counted) {
-                let (unit_records, unit_remembered) = (meter.settle)(Some(*tally));
-                records.extend(unit_records);
-                remembered.extend(unit_remembered);
-            }
-            (records, remembered)
+            settle_all(
+                metered
+                    .iter()
+                    .zip(counted)
+                    .map(|((_, meter), tally)| (*meter, Some(*tally))),
+            )
         };
         let started = std::time::Instant::now();
         let attempt = tokio::time::timeout_at(
@@ -235,6 +232,19 @@ pub(super) async fn append<S: Store>(
         tallies,
         failure,
     }
+}
+
+/// The entries the meters make of their tallies, in order.
+fn settle_all<'m>(
+    meters: impl Iterator<Item = (&'m Meter, Option<Tally>)>,
+) -> (Vec<AuditRecord>, Vec<RememberedEntry>) {
+    let (mut records, mut remembered) = (Vec::new(), Vec::new());
+    for (meter, tally) in meters {
+        let (unit_records, unit_remembered) = (meter.settle)(tally);
+        records.extend(unit_records);
+        remembered.extend(unit_remembered);
+    }
+    (records, remembered)
 }
 
 #[cfg(test)]
