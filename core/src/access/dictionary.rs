@@ -5,12 +5,14 @@
 //! The strings a request brings are short (a claim value, an attribute name,
 //! a capability id), and a general-purpose map spends most of a look-up
 //! hashing them byte by byte and calling `memcmp`. Here a string's *key* is
-//! its length and two 8-byte words loaded from its head and its tail, which
-//! for 16 bytes or fewer *is* the string (the words cover every byte); the
-//! keys of an entry's strings are hashed by a multiplication each into an
-//! open-addressed table at most half full, and compared as integers. Only
-//! strings longer than 16 bytes whose keys are equal are compared byte by
-//! byte.
+//! its length and two 8-byte words loaded from its head and tail, which for
+//! 16 bytes or fewer *is* the string (the words cover every byte); the keys
+//! of an entry's strings are hashed by a multiplication each into an
+//! open-addressed table at most half full. The table holds the keys
+//! themselves beside the entry's number, so a look-up reads one place of it
+//! and compares integers, rather than following a number to a separate array
+//! of keys. Only strings longer than 16 bytes whose keys are equal are
+//! compared byte by byte.
 
 /// The key of a string: equal keys of strings of at most `EXACT` bytes mean
 /// equal strings.
@@ -53,6 +55,12 @@ impl Key {
         Key { len, head, tail }
     }
 
+    /// Whether the key alone identifies its string.
+    #[inline(always)]
+    fn exact(&self) -> bool {
+        self.len <= EXACT
+    }
+
     /// The key mixed into one word.
     #[inline(always)]
     fn mixed(&self) -> u64 {
@@ -71,16 +79,35 @@ fn position<const N: usize>(keys: &[Key; N], shift: u32) -> usize {
     (hash >> shift) as usize
 }
 
+/// A place of the table: an entry's keys and number, or `EMPTY`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Place<const N: usize> {
+    keys: [Key; N],
+    number: u32,
+}
+
+/// The number of an unused place.
+const EMPTY: u32 = u32::MAX;
+
+/// The keys of an unused place: no string is that long, so no look-up's
+/// keys equal them.
+const UNUSED: Key = Key {
+    len: usize::MAX,
+    head: 0,
+    tail: 0,
+};
+
 /// Distinct entries of `N` strings each (a capability id; an attribute's
 /// name and value), each numbered by its position in the order given.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Dictionary<const N: usize> {
+    /// Per number, the entry's strings, read only to tell apart longer
+    /// strings with equal keys.
     texts: Vec<[Box<str>; N]>,
-    keys: Vec<[Key; N]>,
-    /// Open addressing with linear probing: 0 is empty, `n + 1` is entry `n`.
+    /// Open addressing with linear probing.
     /// INVARIANT: the length is a power of two, at least twice the entries,
-    /// so a probe always reaches an empty slot.
-    table: Vec<u32>,
+    /// so a probe always reaches an empty place.
+    table: Vec<Place<N>>,
     /// 64 − log2(table length).
     shift: u32,
 }
@@ -98,28 +125,30 @@ impl<const N: usize> Dictionary<N> {
         let texts: Vec<[Box<str>; N]> = entries.into_iter().map(|entry| entry.map(Box::from)).collect();
         let size = (2 * texts.len()).next_power_of_two().max(2);
         let mut dictionary = Dictionary {
-            keys: texts
-                .iter()
-                .map(|entry| entry.each_ref().map(|text| Key::of(text)))
-                .collect(),
-            texts,
-            table: vec![0; size],
+            texts: Vec::with_capacity(texts.len()),
+            table: vec![
+                Place {
+                    keys: [UNUSED; N],
+                    number: EMPTY,
+                };
+                size
+            ],
             shift: 64 - size.trailing_zeros(),
         };
         let mask = size - 1;
-        for number in 0..dictionary.texts.len() {
-            if dictionary
-                .get(dictionary.texts[number].each_ref().map(|text| &**text))
-                .is_some()
-            {
-                continue;
-            }
-            let mut at = position(&dictionary.keys[number], dictionary.shift);
-            while dictionary.table[at] != 0 {
-                at = (at + 1) & mask;
-            }
+        for entry in texts {
             // INVARIANT: fewer than 2^32 − 1 entries (a policy is far smaller).
-            dictionary.table[at] = u32::try_from(number + 1).unwrap_or(u32::MAX);
+            let number = u32::try_from(dictionary.texts.len()).unwrap_or(u32::MAX);
+            let strings = entry.each_ref().map(|text| &**text);
+            if dictionary.get(strings).is_none() {
+                let keys = strings.map(Key::of);
+                let mut at = position(&keys, dictionary.shift);
+                while dictionary.table[at].number != EMPTY {
+                    at = (at + 1) & mask;
+                }
+                dictionary.table[at] = Place { keys, number };
+            }
+            dictionary.texts.push(entry);
         }
         dictionary
     }
@@ -129,21 +158,27 @@ impl<const N: usize> Dictionary<N> {
     // saving and restoring would cost about as much as the look-up itself.
     #[inline(always)]
     pub(crate) fn get(&self, texts: [&str; N]) -> Option<usize> {
-        let keys = texts.map(Key::of);
+        // A loop rather than `texts.map(Key::of)`, whose closure the
+        // compiler called out of line.
+        let mut keys = [Key::of(""); N];
+        for (key, text) in keys.iter_mut().zip(texts) {
+            *key = Key::of(text);
+        }
         let mask = self.table.len() - 1;
         let mut at = position(&keys, self.shift);
         loop {
-            let number = (self.table[at] as usize).checked_sub(1)?;
-            if self.keys[number] == keys
-                && keys
-                    .iter()
-                    .zip(&self.texts[number])
-                    .zip(texts)
-                    .all(|((key, known), text)| key.len <= EXACT || **known == *text)
-            {
-                return Some(number);
+            let place = self.table.get(at & mask)?;
+            if place.keys == keys {
+                let number = place.number as usize;
+                if keys.iter().all(Key::exact)
+                    || self.texts.get(number)?.iter().zip(texts).all(|(known, text)| **known == *text)
+                {
+                    return Some(number);
+                }
+            } else if place.number == EMPTY {
+                return None;
             }
-            at = (at + 1) & mask;
+            at += 1;
         }
     }
 }
@@ -155,8 +190,11 @@ mod tests {
     #[test]
     fn every_string_finds_its_number_and_no_other_string_does() {
         // Lengths 0–40 around every boundary of the key, strings differing
-        // only in a middle byte, and long ones sharing head, tail and length.
+        // only in a middle byte or by trailing zero bytes, and long ones
+        // sharing head, tail and length.
         let mut texts: Vec<String> = (0..=40).map(|n| "a".repeat(n)).collect();
+        texts.extend((1..=17).map(|n| "\0".repeat(n)));
+        texts.extend((1..=17).map(|n| format!("abcdefgh{}", "\0".repeat(n))));
         texts.extend((0..=40).map(|n| format!("{}b{}", "a".repeat(n / 2), "a".repeat(n - n / 2))));
         texts.extend(
             [
