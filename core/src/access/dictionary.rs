@@ -55,12 +55,6 @@ impl Key {
         Key { len, head, tail }
     }
 
-    /// Whether the key alone identifies its string.
-    #[inline(always)]
-    fn exact(&self) -> bool {
-        self.len <= EXACT
-    }
-
     /// The key mixed into one word.
     #[inline(always)]
     fn mixed(&self) -> u64 {
@@ -84,6 +78,9 @@ fn position<const N: usize>(keys: &[Key; N], shift: u32) -> usize {
 struct Place<const N: usize> {
     keys: [Key; N],
     number: u32,
+    /// Every string of the entry is at most `EXACT` bytes long, so keys
+    /// equal to its keys are its strings.
+    exact: bool,
 }
 
 /// The number of an unused place.
@@ -130,6 +127,7 @@ impl<const N: usize> Dictionary<N> {
                 Place {
                     keys: [UNUSED; N],
                     number: EMPTY,
+                    exact: true,
                 };
                 size
             ],
@@ -146,7 +144,8 @@ impl<const N: usize> Dictionary<N> {
                 while dictionary.table[at].number != EMPTY {
                     at = (at + 1) & mask;
                 }
-                dictionary.table[at] = Place { keys, number };
+                let exact = keys.iter().all(|key| key.len <= EXACT);
+                dictionary.table[at] = Place { keys, number, exact };
             }
             dictionary.texts.push(entry);
         }
@@ -170,7 +169,9 @@ impl<const N: usize> Dictionary<N> {
             let place = self.table.get(at & mask)?;
             if place.keys == keys {
                 let number = place.number as usize;
-                if keys.iter().all(Key::exact)
+                // Read from the place, not worked out from the keys: it is
+                // one byte of what the comparison just loaded.
+                if place.exact
                     || self.texts.get(number)?.iter().zip(texts).all(|(known, text)| **known == *text)
                 {
                     return Some(number);
