@@ -431,6 +431,17 @@ impl Index {
         let &(from, to) = self.by_capability.get(capability)?;
         let lists = &self.lists[from as usize..to as usize];
         let list = &lists[lists.binary_search_by_key(&issuer, |list| list.issuer).ok()?];
+        let values = interned.values.as_ref();
+        if let (Some((from, to)), 1..=64) = (list.uses, list.len()) {
+            // Most lists: one word of matches, one load and one AND per slot
+            // the selectors use, starting from every candidate (a list whose
+            // selectors name no attribute uses no slot).
+            let every = u64::MAX >> (64 - list.len());
+            let word = self.uses[from as usize..to as usize].iter().fold(every, |word, uses| {
+                word & self.words[uses.at as usize + values[uses.slot as usize] as usize]
+            });
+            return self.summarise_word(list, word);
+        }
         let words = list.words();
         let mut inline = [0u64; INLINE_WORDS];
         let mut spilled = Vec::new();
@@ -440,8 +451,26 @@ impl Index {
             spilled.resize(words, 0);
             &mut spilled
         };
-        self.match_into(list, interned.values.as_ref(), matching);
+        self.match_into(list, values, matching);
         self.summarise(list, matching)
+    }
+
+    /// `summarise` for a list of at most 64 candidates, whose matches are one
+    /// word: the common answer (ranked, one account, no disabled match: the
+    /// first match wins, nothing else to report) without the general walk.
+    fn summarise_word(&self, list: &List, word: u64) -> Option<Matches> {
+        if word == 0 {
+            return None;
+        }
+        if !(list.ranked && list.one_account) || word & self.words[list.disabled as usize] != 0 {
+            return self.summarise(list, &[word]);
+        }
+        let first = word.trailing_zeros();
+        Some(Matches {
+            winner: self.candidates[(list.start + first) as usize].grant as usize,
+            ambiguous: None,
+            disabled: None,
+        })
     }
 
     /// Sets in `matching` (zeroed, `list.words()` long) the bit of every
