@@ -442,6 +442,14 @@ impl Index {
             });
             return self.summarise_word(list, word);
         }
+        self.matches_in_words(list, values)
+    }
+
+    /// `matches` for a list of several words of candidates, or that keeps its
+    /// selectors as pairs. Apart, so that the common path above saves and
+    /// restores only the registers it uses.
+    #[inline(never)]
+    fn matches_in_words(&self, list: &List, values: &[u32]) -> Option<Matches> {
         let words = list.words();
         let mut inline = [0u64; INLINE_WORDS];
         let mut spilled = Vec::new();
@@ -521,6 +529,7 @@ impl Index {
 
     /// What steps 3–7 read of the matches of `list`: the same answers as the
     /// fold over the matching grants in file order (`Matches::fold`).
+    #[inline(never)]
     fn summarise(&self, list: &List, matching: &[u64]) -> Option<Matches> {
         let (start, end) = (list.start as usize, list.end as usize);
         let candidates = &self.candidates[start..end];
