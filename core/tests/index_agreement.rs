@@ -7,8 +7,9 @@
 //! an issuer no grant names; several accounts per list (ambiguity), an
 //! account id disabled on one grant and not on another, ceilings that tie and
 //! ceilings with a 0 ms window (which the "most restrictive" order cannot
-//! sort). `evaluate`, `evaluate_prepared` and `visible` must give
-//! `evaluate_linear`'s answers on all of them, under every usage.
+//! sort); a capability not realised, and an id declared twice. `evaluate`,
+//! `evaluate_prepared` and `visible` must give `evaluate_linear`'s answers
+//! on all of them, under every usage.
 
 use std::collections::BTreeMap;
 
@@ -124,6 +125,24 @@ fn ruleset(shape: Shape, rng: &mut Rng) -> Ruleset {
 /// Principals of every kind: each attribute absent, or a value grants may
 /// require, or one none does; sometimes an attribute no grant names; a few of
 /// an issuer no grant names.
+/// The same grants under capabilities declared otherwise: `docs.read` not
+/// realised, and then also `crm.read` declared a second time (which makes a
+/// listing decide capability by capability instead of walking the issuer's
+/// lists of the index).
+fn redeclared(ruleset: &Ruleset) -> [Ruleset; 2] {
+    let mut capabilities = ruleset.capabilities().to_vec();
+    for capability in &mut capabilities {
+        capability.realized = capability.id != "docs.read";
+    }
+    let unrealized = Ruleset::new(capabilities.clone(), ruleset.grants().to_vec());
+    capabilities.push(CapabilityRule {
+        id: "crm.read".to_owned(),
+        realized: true,
+        path: format!("/capabilities/{}", capabilities.len()),
+    });
+    [unrealized, Ruleset::new(capabilities, ruleset.grants().to_vec())]
+}
+
 fn principals(shape: Shape, rng: &mut Rng) -> Vec<Principal> {
     (0..24)
         .map(|n| {
@@ -225,6 +244,9 @@ proptest! {
         let ruleset = ruleset(shape, &mut rng);
         let principals = principals(shape, &mut rng);
         agrees(&ruleset, &principals).map_err(TestCaseError::fail)?;
+        for other in redeclared(&ruleset) {
+            agrees(&other, &principals).map_err(TestCaseError::fail)?;
+        }
     }
 }
 

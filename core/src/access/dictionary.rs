@@ -172,7 +172,12 @@ impl<const N: usize> Dictionary<N> {
                 // Read from the place, not worked out from the keys: it is
                 // one byte of what the comparison just loaded.
                 if place.exact
-                    || self.texts.get(number)?.iter().zip(texts).all(|(known, text)| **known == *text)
+                    || self
+                        .texts
+                        .get(number)?
+                        .iter()
+                        .zip(texts)
+                        .all(|(known, text)| **known == *text)
                 {
                     return Some(number);
                 }

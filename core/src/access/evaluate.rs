@@ -57,6 +57,35 @@ impl<'r> Prepared<'r> {
         }
         decide_indexed(self.ruleset, index, &self.interned, at, usage)
     }
+
+    /// `found(index, allow)` for every capability whose decision (as
+    /// `decide_at` takes it) with usage not consulted is an allow, in
+    /// declaration order: a listing. When no id is declared twice, only the
+    /// capabilities some grant of the principal's issuer names are decided,
+    /// walking that issuer's lists of the index; any other is denied by
+    /// step 3 and so never found.
+    pub(crate) fn each_allowed(&self, at: Instant, mut found: impl FnMut(usize, Allow<'r>)) {
+        let ruleset = self.ruleset;
+        if !ruleset.distinct_ids() {
+            for index in 0..ruleset.capabilities().len() {
+                if let Decision::Allow(allow) = self.decide_at(index, at, Usage::NotConsulted) {
+                    found(index, allow);
+                }
+            }
+            return;
+        }
+        ruleset.index().each_match(&self.interned, |index, matches| {
+            let declared = &ruleset.capabilities()[index];
+            if !declared.realized {
+                return;
+            }
+            if let Decision::Allow(allow) =
+                decide(ruleset, &declared.id, Some(matches), at, Usage::NotConsulted)
+            {
+                found(index, allow);
+            }
+        });
+    }
 }
 
 /// `evaluate` for a principal already prepared: the same decision, without

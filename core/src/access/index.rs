@@ -138,6 +138,11 @@ pub(crate) struct Index {
     vocabularies: Vec<Vocabulary>,
     /// Per capability index: `lists[from..to]`, sorted by issuer number.
     by_capability: Vec<(u32, u32)>,
+    /// Per issuer number: `issuer_lists[from..to]`, its lists in capability
+    /// order as (capability index, list), which a listing walks instead of
+    /// finding each capability's list of that issuer.
+    by_issuer: Vec<(u32, u32)>,
+    issuer_lists: Vec<(u32, u32)>,
     lists: Vec<List>,
     /// Every list's candidates, list after list.
     candidates: Vec<Candidate>,
@@ -299,6 +304,18 @@ impl Index {
             }
             index.by_capability.push((from, number(index.lists.len())));
         }
+        let mut per_issuer: Vec<Vec<(u32, u32)>> = vec![Vec::new(); index.vocabularies.len()];
+        for (capability, &(from, to)) in index.by_capability.iter().enumerate() {
+            for list in from..to {
+                let issuer = index.lists[list as usize].issuer as usize;
+                per_issuer[issuer].push((number(capability), list));
+            }
+        }
+        for lists in per_issuer {
+            let from = number(index.issuer_lists.len());
+            index.issuer_lists.extend(lists);
+            index.by_issuer.push((from, number(index.issuer_lists.len())));
+        }
         index
     }
 
@@ -431,15 +448,41 @@ impl Index {
         let &(from, to) = self.by_capability.get(capability)?;
         let lists = &self.lists[from as usize..to as usize];
         let list = &lists[lists.binary_search_by_key(&issuer, |list| list.issuer).ok()?];
+        self.list_matches(list, interned.values.as_ref())
+    }
+
+    /// `found(capability, matches)` for each capability index, in order, for
+    /// which some candidate of the interned principal's issuer matches: what
+    /// `matches` answers for every capability, without looking each one's
+    /// list up.
+    pub(crate) fn each_match(&self, interned: &Interned, mut found: impl FnMut(usize, Matches)) {
+        let Some(issuer) = interned.issuer else {
+            return;
+        };
+        let Some(&(from, to)) = self.by_issuer.get(issuer as usize) else {
+            return;
+        };
         let values = interned.values.as_ref();
+        for &(capability, list) in &self.issuer_lists[from as usize..to as usize] {
+            if let Some(matches) = self.list_matches(&self.lists[list as usize], values) {
+                found(capability as usize, matches);
+            }
+        }
+    }
+
+    /// Which candidates of `list` the interned `values` select, summed up.
+    #[inline(always)]
+    fn list_matches(&self, list: &List, values: &[u32]) -> Option<Matches> {
         if let (Some((from, to)), 1..=64) = (list.uses, list.len()) {
             // Most lists: one word of matches, one load and one AND per slot
             // the selectors use, starting from every candidate (a list whose
             // selectors name no attribute uses no slot).
             let every = u64::MAX >> (64 - list.len());
-            let word = self.uses[from as usize..to as usize].iter().fold(every, |word, uses| {
-                word & self.words[uses.at as usize + values[uses.slot as usize] as usize]
-            });
+            let word = self.uses[from as usize..to as usize]
+                .iter()
+                .fold(every, |word, uses| {
+                    word & self.words[uses.at as usize + values[uses.slot as usize] as usize]
+                });
             return self.summarise_word(list, word);
         }
         self.matches_in_words(list, values)

@@ -1,8 +1,9 @@
 //! Listing (docs/reference.md#listings): *the same function*, applied to every
 //! declared capability with usage not consulted. Visibility is not a separate
-//! filter that could drift from authorisation.
+//! filter that could drift from authorisation. A capability that no grant of
+//! the principal's issuer names is denied by step 3 without being looked at.
 
-use super::{CapabilityRule, Decision, Instant, Limits, Ruleset, Usage};
+use super::{CapabilityRule, Instant, Limits, Ruleset};
 use crate::accounts::AccountRef;
 use crate::principals::Principal;
 
@@ -21,29 +22,21 @@ pub struct VisibleCapability<'a> {
 /// not consulted, so a `calls: 0` grant still lists its tools.
 ///
 /// The decision for each is `evaluate`'s on the capability's id, taken by its
-/// position instead (no look-up by id) and with the principal interned once
-/// for the whole listing.
+/// position instead (no look-up by id), with the principal interned once for
+/// the whole listing, and only for the capabilities that some grant of the
+/// principal's issuer names (`Prepared::each_allowed`).
 pub fn visible<'a>(ruleset: &'a Ruleset, principal: &Principal, at: Instant) -> Vec<VisibleCapability<'a>> {
     let prepared = ruleset.prepare(principal);
     // Room for every capability at once: growing the list as it fills cost
     // about a tenth of a listing in reallocations.
     let mut shown = Vec::with_capacity(ruleset.capabilities().len());
-    shown.extend(
-        ruleset
-            .capabilities()
-            .iter()
-            .enumerate()
-            .filter_map(
-                |(index, capability)| match prepared.decide_at(index, at, Usage::NotConsulted) {
-                    Decision::Allow(allow) => Some(VisibleCapability {
-                        capability,
-                        account: allow.account,
-                        limits: allow.limits,
-                        path: allow.reason.path,
-                    }),
-                    Decision::Deny(_) => None,
-                },
-            ),
-    );
+    prepared.each_allowed(at, |index, allow| {
+        shown.push(VisibleCapability {
+            capability: &ruleset.capabilities()[index],
+            account: allow.account,
+            limits: allow.limits,
+            path: allow.reason.path,
+        });
+    });
     shown
 }

@@ -74,6 +74,10 @@ pub struct Ruleset {
     first_declaration: Vec<usize>,
     /// Per capability index and issuer, the candidate grants in file order.
     index: Index,
+    /// No id is declared twice: every capability is its own first
+    /// declaration (always so in a compiled policy, which rejects a
+    /// duplicate id).
+    distinct_ids: bool,
 }
 
 impl Ruleset {
@@ -97,6 +101,7 @@ impl Ruleset {
         let index = Index::new(capabilities.len(), &grants, |id| {
             ids.get([id]).map(|number| declared_at[number])
         });
+        let distinct_ids = declared_at.len() == capabilities.len();
         Ruleset {
             capabilities,
             grants,
@@ -104,6 +109,7 @@ impl Ruleset {
             declared_at,
             first_declaration,
             index,
+            distinct_ids,
         }
     }
 
@@ -131,6 +137,10 @@ impl Ruleset {
     /// The index of the first declaration of the capability declared at `index`.
     pub(crate) fn first_declaration(&self, index: usize) -> usize {
         self.first_declaration[index]
+    }
+
+    pub(crate) fn distinct_ids(&self) -> bool {
+        self.distinct_ids
     }
 
     pub(crate) fn index(&self) -> &Index {
