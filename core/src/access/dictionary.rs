@@ -62,6 +62,22 @@ impl Key {
     }
 }
 
+/// Whether two strings longer than `EXACT` with equal keys (so of one
+/// length, with the same first and last 8 bytes) are equal. Up to 24 bytes,
+/// as most capability ids are, one word between head and tail is left to
+/// compare, without calling `memcmp`.
+// Not inlined: attribute names and values are rarely that long, and the
+// look-ups that inline this compare would grow for all of them.
+#[inline(never)]
+fn same_long(known: &str, text: &str) -> bool {
+    let (known, text) = (known.as_bytes(), text.as_bytes());
+    if known.len() <= 24 && known.len() == text.len() && known.len() >= 16 {
+        word(&known[8..16]) == word(&text[8..16])
+    } else {
+        known == text
+    }
+}
+
 /// The table position of an entry's keys, from the top bits of a
 /// multiplication per key (Fibonacci hashing), which depend on every bit of
 /// the mixed keys.
@@ -177,7 +193,7 @@ impl<const N: usize> Dictionary<N> {
                         .get(number)?
                         .iter()
                         .zip(texts)
-                        .all(|(known, text)| **known == *text)
+                        .all(|(known, text)| same_long(known, text))
                 {
                     return Some(number);
                 }
