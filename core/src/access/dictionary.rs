@@ -12,7 +12,8 @@
 //! themselves beside the entry's number, so a look-up reads one place of it
 //! and compares integers, rather than following a number to a separate array
 //! of keys. Only strings longer than 16 bytes whose keys are equal are
-//! compared byte by byte.
+//! compared further: by the one word the key leaves out up to 24 bytes,
+//! byte by byte beyond.
 
 /// The key of a string: equal keys of strings of at most `EXACT` bytes mean
 /// equal strings.
