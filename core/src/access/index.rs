@@ -18,7 +18,8 @@
 //!   few words per candidate and selector pair (many values for many
 //!   candidates) keeps its selectors as (slot, value) pairs instead, checked
 //!   candidate by candidate into the same bitset of matches: memory stays
-//!   linear in the policy.
+//!   linear in the policy. Each issuer also keeps its lists in capability
+//!   order, which a listing walks instead of looking every capability up.
 //! * A principal is interned once per request (`Interned`, kept by
 //!   `Prepared` for many decisions): its issuer's number and, per slot, the
 //!   number of its value, found by one look-up per attribute of its (name,
