@@ -88,7 +88,7 @@ use std::time::Instant;
 use capgate::cli::remote::runtime;
 use capgate::cli::Failure;
 use capgate::service::{self, Config, PolicyFile, Running};
-use capgate::store::Store;
+use capgate::store::{Store, StoreOptions};
 use clap::Parser as _;
 
 use callers::{Load, Measured, Window};
@@ -256,7 +256,11 @@ fn run(args: &Args) -> Result<Report, Failure> {
         .build()
         .map_err(|error| Failure::Input(format!("cannot start the async runtime: {error}")))?;
 
-    let database = server_runtime.block_on(Database::open(args.database_url.as_deref()))?;
+    let options = StoreOptions {
+        max_connections: plan.store_connections,
+        ..StoreOptions::default()
+    };
+    let database = server_runtime.block_on(Database::open(args.database_url.as_deref(), &options))?;
     let load_before = load_average();
     let server = args.server.as_deref();
     // Only an external server is called with a token (clap refuses `--token-file` without it).
@@ -310,6 +314,9 @@ fn drive<S: Store>(
         None => {
             let mut config = Config::new(vec![([127, 0, 0, 1], 0).into()]);
             config.http_listen = vec![([127, 0, 0, 1], 0).into()];
+            if let Some(batch) = plan.audit_batch {
+                config.audit_batch = batch as usize;
+            }
             config.policy = Some(PolicyFile {
                 artifact: policy.clone(),
                 catalog: None,

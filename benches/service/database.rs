@@ -36,10 +36,10 @@ enum Cleanup {
 }
 
 impl Database {
-    pub async fn open(url: Option<&str>) -> Result<Database, Failure> {
+    pub async fn open(url: Option<&str>, options: &StoreOptions) -> Result<Database, Failure> {
         match url {
             Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-                Self::postgres(url).await
+                Self::postgres(url, options).await
             }
             Some(url) if url.starts_with("sqlite:") => {
                 let path = url
@@ -55,7 +55,7 @@ impl Database {
                          (it publishes its own policy, and removes the file after)"
                     )));
                 }
-                Self::sqlite(path).await
+                Self::sqlite(path, options).await
             }
             Some(url) => Err(Failure::Usage(format!(
                 "`--database-url {}`: expected `postgres://…` or `sqlite://PATH`",
@@ -63,14 +63,14 @@ impl Database {
             ))),
             None => {
                 let path = std::env::temp_dir().join(format!("capgate-bench-{}.db", unique()));
-                Self::sqlite(path).await
+                Self::sqlite(path, options).await
             }
         }
     }
 
     /// A fresh database on the server `url` names, created with raw SQL (outside the store port,
     /// which has no such operation), then opened through the port.
-    async fn postgres(url: &str) -> Result<Database, Failure> {
+    async fn postgres(url: &str, options: &StoreOptions) -> Result<Database, Failure> {
         let input = Failure::Input;
         let admin =
             PgConnectOptions::from_str(url).map_err(|error| input(format!("`--database-url`: {error}")))?;
@@ -87,7 +87,7 @@ impl Database {
         // The port's own entry for a database given as options rather than a URL (the store tests
         // open their fresh databases the same way): the caller's URL keeps every parameter it set,
         // with only the database changed, and no URL is rewritten by hand.
-        let opened = PostgresStore::connect_with(admin.clone().database(&name), &StoreOptions::default())
+        let opened = PostgresStore::connect_with(admin.clone().database(&name), options)
             .await
             .map_err(|error| error.to_string());
         let cleanup = Cleanup::Postgres {
@@ -109,9 +109,9 @@ impl Database {
     }
 
     /// A fresh SQLite file, opened as `capgate serve --database-url sqlite://…` opens it.
-    async fn sqlite(path: PathBuf) -> Result<Database, Failure> {
+    async fn sqlite(path: PathBuf, options: &StoreOptions) -> Result<Database, Failure> {
         let url = format!("sqlite://{}", path.display());
-        let opened = store::connect(&url, &StoreOptions::default()).await;
+        let opened = store::connect(&url, options).await;
         let cleanup = Cleanup::Sqlite(path.clone());
         match opened {
             Ok(store) => Ok(Database {

@@ -57,6 +57,14 @@ pub struct Args {
     /// scenario: one counter row each).
     #[arg(long, value_name = "N", default_value_t = 1000)]
     pub principals: usize,
+    /// The server's `--store-connections`: connections in the store's pool (the store baseline's
+    /// too). Default: the server's.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub store_connections: Option<u32>,
+    /// The in-process server's `--audit-batch`: records and capped calls per audit transaction.
+    /// Default: the server's.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub audit_batch: Option<u32>,
     /// How many times to run the whole plan; the report gives, per
     /// measurement, the median of the runs (throughput, p50, p99) and the
     /// range of their throughputs.
@@ -168,6 +176,9 @@ pub struct Plan {
     pub principals: usize,
     /// How many times the whole plan runs, 1 to [`MAX_REPEAT`].
     pub repeat: usize,
+    /// The server's pool and batch size, where the run sets them.
+    pub store_connections: Option<u32>,
+    pub audit_batch: Option<u32>,
 }
 
 impl Plan {
@@ -250,6 +261,8 @@ impl Plan {
             scenarios,
             principals: args.principals,
             repeat: args.repeat,
+            store_connections: args.store_connections,
+            audit_batch: args.audit_batch,
         })
     }
 }

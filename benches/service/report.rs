@@ -134,6 +134,12 @@ impl Report {
             },
             self.target.url,
         );
+        if let Some(pool) = self.plan.store_connections {
+            let _ = writeln!(text, "store pool: {pool} connection(s)");
+        }
+        if let Some(batch) = self.plan.audit_batch {
+            let _ = writeln!(text, "audit batch: at most {batch}");
+        }
         let _ = writeln!(
             text,
             "each measurement: {} ms warm-up, then {} ms counted; {} principal(s) in rotation; {}",
@@ -345,6 +351,8 @@ impl Report {
             "duration_ms": self.plan.duration.as_millis() as u64,
             "principals": self.plan.principals,
             "repeat": self.plan.repeat,
+            "store_connections": self.plan.store_connections,
+            "audit_batch": self.plan.audit_batch,
             "statistic": "median of the runs",
             "load_average_before": self.load_before,
             "load_average_after": self.load_after,

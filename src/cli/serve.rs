@@ -66,7 +66,8 @@ pub struct Args {
         hide_env_values = true
     )]
     pub catalog: Option<PathBuf>,
-    /// How long a counter read or consumption may take before usage is unknown.
+    /// With --audit-spool: how long a call waits for its batch's audit transaction before its
+    /// record is spooled instead (a capped call is then `usage_unknown`, unless already committing).
     #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = parse_duration, env = "CAPGATE_STORE_TIMEOUT", hide_env_values = true)]
     pub store_timeout: Duration,
     /// How often the active version is re-read besides notifications.
@@ -88,6 +89,15 @@ pub struct Args {
         hide_env_values = true
     )]
     pub audit_batch: usize,
+    /// Connections in the store's pool. Default: 8 for PostgreSQL, 4 for SQLite.
+    #[arg(
+        long,
+        value_name = "N",
+        env = "CAPGATE_STORE_CONNECTIONS",
+        hide_env_values = true,
+        value_parser = clap::value_parser!(u32).range(1..=1024)
+    )]
+    pub store_connections: Option<u32>,
     /// A connection that has not finished TLS (when configured) and its HTTP/2 preface by
     /// then is closed.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration, env = "CAPGATE_HANDSHAKE_TIMEOUT", hide_env_values = true)]
@@ -295,6 +305,7 @@ fn config(args: &Args, policy: Option<PolicyFile>) -> Result<Config, Failure> {
     config.audit_timeout = args.audit_timeout;
     config.audit_spool = args.audit_spool.clone();
     config.audit_batch = args.audit_batch;
+    config.store_connections = args.store_connections;
     config.connections = Connections {
         handshake_timeout: args.handshake_timeout,
         idle_timeout: args.idle_timeout,

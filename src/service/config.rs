@@ -23,7 +23,8 @@ pub struct Config {
     /// `--policy FILE [--catalog F]`: published at start-up if it differs from
     /// the active version.
     pub policy: Option<PolicyFile>,
-    /// How long a counter read or consumption may take before usage is unknown.
+    /// With a spool: how long a call waits for its batch's transaction (from
+    /// when it starts) before its record is spooled instead.
     pub store_timeout: Duration,
     /// How long one audit batch may take to commit before it goes to the spool.
     pub audit_timeout: Duration,
@@ -33,6 +34,9 @@ pub struct Config {
     pub audit_spool: Option<PathBuf>,
     /// At most this many records per audit transaction.
     pub audit_batch: usize,
+    /// Connections in the store's pool; `None` is the store's default
+    /// (PostgreSQL 8, SQLite 4).
+    pub store_connections: Option<u32>,
     pub gateway_tokens: Vec<Token>,
     /// Gateway tokens also trusted to assert a principal.
     pub asserting_gateway_tokens: Vec<Token>,
@@ -98,6 +102,7 @@ impl Config {
             poll_interval: Duration::from_secs(2),
             audit_spool: None,
             audit_batch: 512,
+            store_connections: None,
             gateway_tokens: Vec::new(),
             asserting_gateway_tokens: Vec::new(),
             admin_tokens: Vec::new(),
@@ -153,6 +158,11 @@ impl Config {
         if self.audit_batch == 0 {
             return Err(ConfigError::Invalid(
                 "--audit-batch must be at least 1".to_owned(),
+            ));
+        }
+        if self.store_connections == Some(0) {
+            return Err(ConfigError::Invalid(
+                "--store-connections must be at least 1".to_owned(),
             ));
         }
         self.connections.check()

@@ -178,7 +178,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
     config.check()?;
-    let opened = store::connect(database_url, &StoreOptions::default()).await?;
+    let options = StoreOptions {
+        max_connections: config.store_connections,
+        ..StoreOptions::default()
+    };
+    let opened = store::connect(database_url, &options).await?;
     tracing::info!(store = %store::redact(database_url), "store opened");
     // The one place the server is monomorphised: every request calls the store, so the server is
     // compiled once per implementation rather than run over `AnyStore`'s delegation.

@@ -712,7 +712,7 @@ impl PostgresStore {
     ) -> StoreResult<()> {
         let columns = AuditArrays::of(records)?;
         let mut tx = self.pool.begin().await.during("append_audit")?;
-        insert_audit(&mut tx, columns, remembered)
+        insert_audit(&mut tx, columns, remembered, None)
             .await
             .during("append_audit")?;
         tx.commit().await.during("append_audit")
@@ -728,10 +728,29 @@ impl PostgresStore {
         gate: &CommitGate,
     ) -> StoreResult<Vec<Tally>> {
         let mut tx = self.pool.begin().await.during("commit_batch")?;
-        let tallies = if asks.is_empty() {
-            Vec::new()
+        let (tallies, counters) = if asks.is_empty() {
+            (Vec::new(), None)
         } else {
-            count_in(&mut tx, asks).await.during(COUNT_USAGE)?
+            let (keys, positions) = counting::counter_keys(asks);
+            let rows = match lock_counters(&mut tx, &keys, Lock::Existing)
+                .await
+                .during(COUNT_USAGE)?
+            {
+                Some(rows) => rows,
+                // A counter with no row yet (its first call ever, or after a reset): start
+                // again, creating the rows as they are locked. Not in this transaction, whose
+                // locks were taken in one pass: a second pass would take more out of order.
+                None => {
+                    tx.rollback().await.during(COUNT_USAGE)?;
+                    tx = self.pool.begin().await.during("commit_batch")?;
+                    lock_counters(&mut tx, &keys, Lock::Creating)
+                        .await
+                        .during(COUNT_USAGE)?
+                        .unwrap_or_default()
+                }
+            };
+            let (tallies, counters) = count_locked(asks, &keys, &positions, rows);
+            (tallies, Some(counters))
         };
         let (settled, settled_remembered) = if asks.is_empty() {
             (Vec::new(), Vec::new())
@@ -748,7 +767,7 @@ impl PostgresStore {
         } else {
             Cow::Owned([remembered, &settled_remembered].concat())
         };
-        insert_audit(&mut tx, columns, &remembered)
+        insert_audit(&mut tx, columns, &remembered, counters)
             .await
             .during("commit_batch")?;
         if !gate.commit() {
@@ -928,54 +947,85 @@ async fn partitions(executor: impl Executor<'_, Database = Postgres>) -> Result<
         .collect())
 }
 
-/// Inserts an audit batch into `tx`, as `append_audit` describes.
+/// The audit insert: one array per column, `$1` to `$22`. Without a conflict
+/// target: the primary key is `(decision_id, at)` since the table is
+/// partitioned (migration 0002), and a replayed record carries the `at` it
+/// was made with, so it conflicts and is skipped.
+macro_rules! insert_audit_rows {
+    () => {
+        "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
+             principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
+             usage_calls, policy_version, policy_revision, visible_count, visible, door) \
+         SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], \
+             $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], \
+             $12::text[], $13::text[], $14::text[], $15::bigint[], $16::text[], $17::bigint[], \
+             $18::text[], $19::bigint[], $20::bigint[], $21::text[], $22::text[]) \
+         ON CONFLICT DO NOTHING"
+    };
+}
+
+/// The audit insert, after writing back a batch's counters (`$23` to `$28`,
+/// [`WriteBack`]) in the same statement: a round trip fewer per counted batch.
+/// The two never touch the same row: `written` and `emptied` are disjoint keys.
+const WRITE_BACK_AND_INSERT_AUDIT: &str = concat!(
+    "WITH written AS (UPDATE usage_counters AS c SET calls = u.calls, window_start = u.ws \
+         FROM UNNEST($23::text[], $24::text[], $25::bigint[], $26::bigint[]) AS u(p, cap, calls, ws) \
+         WHERE c.principal_id = u.p AND c.capability = u.cap), \
+     emptied AS (DELETE FROM usage_counters AS c USING UNNEST($27::text[], $28::text[]) AS u(p, cap) \
+         WHERE c.principal_id = u.p AND c.capability = u.cap AND c.calls = 0) ",
+    insert_audit_rows!()
+);
+
+/// Inserts an audit batch into `tx`, as `append_audit` describes, writing
+/// back `counters` in the same statement when there are any.
 async fn insert_audit(
     tx: &mut PgConnection,
     columns: AuditArrays,
     remembered: &[RememberedEntry],
+    counters: Option<WriteBack<'_>>,
 ) -> Result<(), sqlx::Error> {
-    let records = !columns.decision_id.is_empty();
     // One statement per table, whatever the batch size: the rows travel
     // as one array per column, which keeps the statement text (and its
-    // prepared plan) the same for every batch. Without a conflict target:
-    // the primary key is `(decision_id, at)` since the table is
-    // partitioned (migration 0002), and a replayed record carries the
-    // `at` it was made with, so it conflicts and is skipped.
-    if records {
-        sqlx::query(
-            "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
-                 principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
-                 usage_calls, policy_version, policy_revision, visible_count, visible, door) \
-             SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], \
-                 $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], \
-                 $12::text[], $13::text[], $14::text[], $15::bigint[], $16::text[], $17::bigint[], \
-                 $18::text[], $19::bigint[], $20::bigint[], $21::text[], $22::text[]) \
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(columns.decision_id)
-        .bind(columns.at)
-        .bind(columns.request_id)
-        .bind(columns.gateway)
-        .bind(columns.kind)
-        .bind(columns.outcome)
-        .bind(columns.code)
-        .bind(columns.path)
-        .bind(columns.principal_id)
-        .bind(columns.issuer)
-        .bind(columns.subject)
-        .bind(columns.capability)
-        .bind(columns.tool)
-        .bind(columns.account_id)
-        .bind(columns.limit_calls)
-        .bind(columns.limit_per)
-        .bind(columns.usage_calls)
-        .bind(columns.policy_version)
-        .bind(columns.policy_revision)
-        .bind(columns.visible_count)
-        .bind(columns.visible)
-        .bind(columns.door)
-        .execute(&mut *tx)
-        .await?;
+    // prepared plan) the same for every batch.
+    if !columns.decision_id.is_empty() || counters.is_some() {
+        let query = match &counters {
+            Some(_) => sqlx::query(WRITE_BACK_AND_INSERT_AUDIT),
+            None => sqlx::query(insert_audit_rows!()),
+        };
+        let query = query
+            .bind(columns.decision_id)
+            .bind(columns.at)
+            .bind(columns.request_id)
+            .bind(columns.gateway)
+            .bind(columns.kind)
+            .bind(columns.outcome)
+            .bind(columns.code)
+            .bind(columns.path)
+            .bind(columns.principal_id)
+            .bind(columns.issuer)
+            .bind(columns.subject)
+            .bind(columns.capability)
+            .bind(columns.tool)
+            .bind(columns.account_id)
+            .bind(columns.limit_calls)
+            .bind(columns.limit_per)
+            .bind(columns.usage_calls)
+            .bind(columns.policy_version)
+            .bind(columns.policy_revision)
+            .bind(columns.visible_count)
+            .bind(columns.visible)
+            .bind(columns.door);
+        let query = match counters {
+            Some(counters) => query
+                .bind(counters.principals)
+                .bind(counters.capabilities)
+                .bind(counters.calls)
+                .bind(counters.window_starts)
+                .bind(counters.emptied_principals)
+                .bind(counters.emptied_capabilities),
+            None => query,
+        };
+        query.execute(&mut *tx).await?;
     }
     if !remembered.is_empty() {
         let mut gateways = Vec::with_capacity(remembered.len());
@@ -1006,27 +1056,83 @@ async fn insert_audit(
     Ok(())
 }
 
-/// Locks the counters of `asks` (inserting an empty one where there is none,
-/// so that there is a row to lock), counts the asks in order and writes back
-/// what changed; one statement to lock, one to write, whatever the batch size.
-async fn count_in(tx: &mut PgConnection, asks: &[CounterAsk]) -> Result<Vec<Tally>, sqlx::Error> {
-    let (keys, positions) = counting::counter_keys(asks);
+/// What a batch's count changed in its counters, written back by the audit
+/// insert's statement ([`WRITE_BACK_AND_INSERT_AUDIT`]): the counters whose
+/// calls or window changed, and the rows left empty (inserted only to be
+/// locked, or with no call), which no row says better.
+#[derive(Debug, Default)]
+struct WriteBack<'a> {
+    principals: Vec<&'a str>,
+    capabilities: Vec<&'a str>,
+    calls: Vec<i64>,
+    window_starts: Vec<i64>,
+    emptied_principals: Vec<&'a str>,
+    emptied_capabilities: Vec<&'a str>,
+}
+
+/// How [`count_in`] locks a batch's counter rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lock {
+    /// `SELECT … FOR UPDATE`: a row lock and no new row version; a key with
+    /// no row makes the count give up (`None`). Every key of a steady load
+    /// has its row, so this is the usual case.
+    Existing,
+    /// An empty row inserted where there is none, so that there is a row to
+    /// lock; an existing row is locked by a no-op `DO UPDATE`, which writes a
+    /// new version of it.
+    Creating,
+}
+
+/// One locked counter row: principal, capability, calls, window start.
+type LockedCounter = (String, String, i64, i64);
+
+/// Locks the counter rows of `keys` (sorted and distinct,
+/// [`counting::counter_keys`]) in one statement whatever their number, and
+/// returns them. `None` when, with [`Lock::Existing`], a key has no row.
+async fn lock_counters(
+    tx: &mut PgConnection,
+    keys: &[(&str, &str)],
+    lock: Lock,
+) -> Result<Option<Vec<LockedCounter>>, sqlx::Error> {
     let (principals, capabilities): (Vec<&str>, Vec<&str>) = keys.iter().copied().unzip();
-    // INVARIANT: the rows are locked in `keys` order (the `ORDER BY` of the
-    // insert's source), the same on every replica, so two batches sharing
-    // counters queue instead of deadlocking. `DO UPDATE` locks an existing row
-    // as `FOR UPDATE` would and returns it as it was.
-    let found: Vec<(String, String, i64, i64)> = sqlx::query_as(
-        "INSERT INTO usage_counters AS c (principal_id, capability, window_start, calls) \
-         SELECT k.p, k.cap, 0, 0 FROM UNNEST($1::text[], $2::text[]) WITH ORDINALITY AS k(p, cap, n) \
-         ORDER BY k.n \
-         ON CONFLICT (principal_id, capability) DO UPDATE SET calls = c.calls \
-         RETURNING principal_id, capability, calls, window_start",
-    )
-    .bind(&principals)
-    .bind(&capabilities)
-    .fetch_all(&mut *tx)
-    .await?;
+    // INVARIANT: either way the rows are locked in `keys` order (`ORDER BY
+    // k.n`, the position in the arrays; not `ORDER BY` the columns, whose
+    // collation may sort otherwise), the same on every replica, so two
+    // batches sharing counters queue instead of deadlocking. A row lock is
+    // taken after the sort (PostgreSQL's `LockRows` reads the sorted rows),
+    // and reads the row's latest committed version, whatever the snapshot.
+    let statement = match lock {
+        Lock::Existing => {
+            "SELECT c.principal_id, c.capability, c.calls, c.window_start \
+             FROM UNNEST($1::text[], $2::text[]) WITH ORDINALITY AS k(p, cap, n) \
+             JOIN usage_counters AS c ON c.principal_id = k.p AND c.capability = k.cap \
+             ORDER BY k.n FOR UPDATE OF c"
+        }
+        Lock::Creating => {
+            "INSERT INTO usage_counters AS c (principal_id, capability, window_start, calls) \
+             SELECT k.p, k.cap, 0, 0 FROM UNNEST($1::text[], $2::text[]) WITH ORDINALITY AS k(p, cap, n) \
+             ORDER BY k.n \
+             ON CONFLICT (principal_id, capability) DO UPDATE SET calls = c.calls \
+             RETURNING principal_id, capability, calls, window_start"
+        }
+    };
+    let found: Vec<LockedCounter> = sqlx::query_as(statement)
+        .bind(&principals)
+        .bind(&capabilities)
+        .fetch_all(&mut *tx)
+        .await?;
+    // Distinct keys: as many rows as keys when every key has one.
+    Ok((lock == Lock::Creating || found.len() == keys.len()).then_some(found))
+}
+
+/// Counts `asks` in arrival order on their locked counter `rows`, and says
+/// what to write back.
+fn count_locked<'a>(
+    asks: &[CounterAsk],
+    keys: &[(&'a str, &'a str)],
+    positions: &[usize],
+    found: Vec<LockedCounter>,
+) -> (Vec<Tally>, WriteBack<'a>) {
     let mut counters = vec![None; keys.len()];
     for (principal, capability, calls, window_start) in found {
         if let Ok(at) = keys.binary_search(&(principal.as_str(), capability.as_str())) {
@@ -1038,50 +1144,26 @@ async fn count_in(tx: &mut PgConnection, asks: &[CounterAsk]) -> Result<Vec<Tall
         }
     }
     let before = counters.clone();
-    let tallies = counting::count(asks, &positions, &mut counters);
-    let mut changed = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut empty = (Vec::new(), Vec::new());
-    for ((key, now), was) in keys.iter().zip(&counters).zip(&before) {
+    let tallies = counting::count(asks, positions, &mut counters);
+    let mut write = WriteBack::default();
+    for ((&(principal, capability), now), was) in keys.iter().zip(&counters).zip(&before) {
         match now {
             Some(now) if now.calls > 0 => {
                 if Some(*now) != *was {
-                    changed.0.push(key.0);
-                    changed.1.push(key.1);
-                    changed.2.push(sql::saturating_bigint(now.calls));
-                    changed.3.push(now.window_start_ms);
+                    write.principals.push(principal);
+                    write.capabilities.push(capability);
+                    write.calls.push(sql::saturating_bigint(now.calls));
+                    write.window_starts.push(now.window_start_ms);
                 }
             }
             // The empty row inserted to lock it, or one with no call: no row says the same.
             _ => {
-                empty.0.push(key.0);
-                empty.1.push(key.1);
+                write.emptied_principals.push(principal);
+                write.emptied_capabilities.push(capability);
             }
         }
     }
-    if !changed.0.is_empty() {
-        sqlx::query(
-            "UPDATE usage_counters AS c SET calls = u.calls, window_start = u.ws \
-             FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS u(p, cap, calls, ws) \
-             WHERE c.principal_id = u.p AND c.capability = u.cap",
-        )
-        .bind(&changed.0)
-        .bind(&changed.1)
-        .bind(&changed.2)
-        .bind(&changed.3)
-        .execute(&mut *tx)
-        .await?;
-    }
-    if !empty.0.is_empty() {
-        sqlx::query(
-            "DELETE FROM usage_counters AS c USING UNNEST($1::text[], $2::text[]) AS u(p, cap) \
-             WHERE c.principal_id = u.p AND c.capability = u.cap AND c.calls = 0",
-        )
-        .bind(&empty.0)
-        .bind(&empty.1)
-        .execute(&mut *tx)
-        .await?;
-    }
-    Ok(tallies)
+    (tallies, write)
 }
 
 /// Whether an insert failed because no partition takes one of its rows
