@@ -1398,3 +1398,17 @@ fn the_test_schema_is_printed_and_describes_the_example_suite() {
     }
     assert_ne!(capgate("schema").stdout, run.stdout);
 }
+
+/// The store's pool is bounded both ways: none is no pool, and more than 1 024 is a typo.
+#[test]
+fn serve_refuses_a_store_pool_out_of_bounds() {
+    for count in ["0", "1025", "many"] {
+        let run = capgate(&format!("serve --store-connections {count}"));
+        assert_eq!(run.code, 2, "--store-connections {count}: {}", run.stderr);
+        assert!(
+            run.stderr.contains("--store-connections"),
+            "the error names the flag: {}",
+            run.stderr
+        );
+    }
+}
