@@ -115,6 +115,7 @@ suite! {
         a_window_starting_later_has_not_expired,
         a_zero_ceiling_takes_nothing,
         a_batch_counts_in_arrival_order_with_its_records,
+        a_batch_over_many_counters_counts_each,
         an_abandoned_or_refused_batch_counts_nothing,
         audit_records_round_trip,
         audit_queries_filter,
@@ -806,6 +807,62 @@ async fn the_ceiling_holds_under_concurrency<S: Store>(store: S, replica: S) {
         assert_eq!(
             store.read_usage(key).await.expect("read"),
             Some(counted(LIMIT, window_start))
+        );
+    }
+}
+
+/// One batch over more counters than one statement reads (SQLite reads and writes them in chunks
+/// of up to 64): 150 counters, those of the even principals already holding a call, each asked
+/// twice with a ceiling of 2. Every counter is read and written back, whatever chunk it falls in.
+async fn a_batch_over_many_counters_counts_each<S: Store>(store: S) {
+    const COUNTERS: usize = 150;
+    let nothing = |_: &[Tally]| (Vec::new(), Vec::new());
+    let first: Vec<CounterAsk> = (0..COUNTERS)
+        .step_by(2)
+        .map(|n| ask(&format!("p{n:03}"), 1_000, 2))
+        .collect();
+    store
+        .commit_batch(&first, &[], &[], &nothing, &CommitGate::default())
+        .await
+        .expect("first batch");
+    // Each principal twice, the second round after the first, in an order no sort gives.
+    let asks: Vec<CounterAsk> = (0..2 * COUNTERS)
+        .map(|n| ask(&format!("p{:03}", (n * 7) % COUNTERS), 2_000, 2))
+        .collect();
+    let tallies = store
+        .commit_batch(&asks, &[], &[], &nothing, &CommitGate::default())
+        .await
+        .expect("second batch");
+    for (n, (ask, tally)) in asks.iter().zip(&tallies).enumerate() {
+        let principal: usize = ask.principal_id[1..].parse().expect("p<n>");
+        let (held, window) = if principal % 2 == 0 {
+            (1, 1_000)
+        } else {
+            (0, 2_000)
+        };
+        // A principal's first ask in this batch comes before its second.
+        let earlier = asks[..n]
+            .iter()
+            .any(|other| other.principal_id == ask.principal_id);
+        let before = held + u64::from(earlier);
+        let expected = if before < 2 {
+            Tally::Taken(counted(before + 1, window))
+        } else {
+            Tally::Refused(counted(2, window))
+        };
+        assert_eq!(*tally, expected, "ask {n}, {}", ask.principal_id);
+    }
+    for principal in 0..COUNTERS {
+        let principal_id = format!("p{principal:03}");
+        let key = CounterKey {
+            principal_id: &principal_id,
+            capability: "tickets.read",
+        };
+        let window = if principal % 2 == 0 { 1_000 } else { 2_000 };
+        assert_eq!(
+            store.read_usage(key).await.expect("read"),
+            Some(counted(2, window)),
+            "{principal_id}"
         );
     }
 }

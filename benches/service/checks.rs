@@ -10,6 +10,7 @@ use clap::Parser as _;
 
 use crate::callers::{percentile, policy, Measured, Tally};
 use crate::plan::{check_loopback, Args, Plan, Scenario};
+use crate::report::Paired;
 use crate::summary::{median, summarize};
 
 /// Every check, by name.
@@ -35,6 +36,7 @@ const ALL: &[(&str, fn())] = &[
         cargo_bench_is_told_from_cargo_test,
     ),
     ("repeated_runs_fold_into_medians", repeated_runs_fold_into_medians),
+    ("ratios_are_paired_run_by_run", ratios_are_paired_run_by_run),
     ("the_plot_is_well_formed", the_plot_is_well_formed),
 ];
 
@@ -200,6 +202,21 @@ fn repeated_runs_fold_into_medians() {
     assert_eq!(summaries[0].min_per_second(), 10.0);
     assert_eq!(summaries[0].runs, [10.0, 30.0, 20.0]);
     assert_eq!(summaries[0].completed, 60);
+}
+
+fn ratios_are_paired_run_by_run() {
+    // The machine slowed down during the second run and during the third run's capped measurement:
+    // the medians come from different runs and say 50 ÷ 90, the runs' own ratios 0.8, 0.8, 0.56.
+    let capped = [80.0, 40.0, 50.0];
+    let uncapped = [100.0, 50.0, 90.0];
+    assert_eq!(median(&capped) / median(&uncapped), 50.0 / 90.0);
+    let paired = Paired::of(&capped, &uncapped);
+    assert_eq!(paired.runs, [0.8, 0.8, 50.0 / 90.0]);
+    assert_eq!(paired.median(), Some(0.8));
+    // Runs pair by position, an extra one ignored; a zero throughput gives no ratio.
+    assert_eq!(Paired::of(&capped, &[100.0, 50.0, 90.0, 1.0]).runs.len(), 3);
+    assert_eq!(Paired::of(&[0.0, 30.0], &[10.0, 60.0]).runs, [0.5]);
+    assert_eq!(Paired::of(&[], &[]).median(), None);
 }
 
 fn the_plot_is_well_formed() {

@@ -76,6 +76,38 @@ fn ratio(value: f64, baseline: f64) -> Option<f64> {
     (baseline > 0.0 && value > 0.0).then(|| value / baseline)
 }
 
+/// A comparison taken within each run: the two measurements of one run follow each other within
+/// seconds, so a machine that slows down for a while (someone else's build) moves both, and the
+/// ratio of one run's pair is steadier than the ratio of two medians taken from different runs.
+pub struct Paired {
+    /// Each run's ratio, in run order (a run with a zero throughput left out).
+    pub runs: Vec<f64>,
+}
+
+impl Paired {
+    pub fn of(over: &[f64], under: &[f64]) -> Paired {
+        Paired {
+            runs: over
+                .iter()
+                .zip(under)
+                .filter_map(|(&over, &under)| ratio(over, under))
+                .collect(),
+        }
+    }
+
+    pub fn median(&self) -> Option<f64> {
+        (!self.runs.is_empty()).then(|| crate::summary::median(&self.runs))
+    }
+
+    fn min(&self) -> f64 {
+        self.runs.iter().copied().fold(f64::INFINITY, f64::min)
+    }
+
+    fn max(&self) -> f64 {
+        self.runs.iter().copied().fold(0.0, f64::max)
+    }
+}
+
 struct Ratios {
     throughput: Option<f64>,
     p50: Option<f64>,
@@ -103,14 +135,18 @@ impl Report {
     }
 
     /// The comparisons at `concurrency` whose two measurements were both taken, each with its
-    /// ratio (none when a throughput is zero).
-    fn comparisons(&self, concurrency: usize) -> Vec<(&'static Comparison, Option<f64>)> {
+    /// ratio (none when a throughput is zero) and the same ratio run by run.
+    fn comparisons(&self, concurrency: usize) -> Vec<(&'static Comparison, Option<f64>, Paired)> {
         COMPARISONS
             .iter()
             .filter_map(|comparison| {
                 let over = self.summary(concurrency, comparison.over)?;
                 let under = self.summary(concurrency, comparison.under)?;
-                Some((comparison, ratio(over.per_second, under.per_second)))
+                Some((
+                    comparison,
+                    ratio(over.per_second, under.per_second),
+                    Paired::of(&over.runs, &under.runs),
+                ))
             })
             .collect()
     }
@@ -251,7 +287,16 @@ impl Report {
             let compared: Vec<String> = self
                 .comparisons(concurrency)
                 .into_iter()
-                .map(|(comparison, value)| format!("{} {}", comparison.label, show(value)))
+                .map(|(comparison, value, paired)| match paired.median() {
+                    Some(median) if paired.runs.len() > 1 => format!(
+                        "{} {} (run by run {median:.2}, {:.2}–{:.2})",
+                        comparison.label,
+                        show(value),
+                        paired.min(),
+                        paired.max()
+                    ),
+                    _ => format!("{} {}", comparison.label, show(value)),
+                })
                 .collect();
             if !compared.is_empty() {
                 let _ = writeln!(text, "{:>7}  = {}", "", compared.join("; "));
@@ -261,8 +306,9 @@ impl Report {
             "\nhc = the health Check baseline, st = the append_audit baseline (rows/s; latency per \
              batch), same concurrency, same run.\nhot row = the store's old per-call conditional \
              statement on one row, one autocommit transaction each (connections capped at 64; on \
-             SQLite one writer at a time).\n= throughputs of the medians; issue 14's targets at 64 \
-             callers on PostgreSQL: capped ÷ uncapped ≥ 0.80, capped-hot ÷ uncapped ≥ 0.60, \
+             SQLite one writer at a time).\n= throughputs of the medians (run by run: the median \
+             of each run's own ratio, and their range); issue 14's targets at 64 callers on \
+             PostgreSQL: capped ÷ uncapped ≥ 0.80, capped-hot ÷ uncapped ≥ 0.60, \
              capped-hot ÷ hot-row ≥ 3.\n",
         );
         text
@@ -335,8 +381,13 @@ impl Report {
             .map(|&concurrency| {
                 let mut row = serde_json::Map::new();
                 row.insert("concurrency".to_owned(), json!(concurrency));
-                for (comparison, value) in self.comparisons(concurrency) {
+                for (comparison, value, paired) in self.comparisons(concurrency) {
                     row.insert(comparison.key.to_owned(), figure(value));
+                    row.insert(format!("{}_by_run", comparison.key), json!(paired.runs));
+                    row.insert(
+                        format!("{}_by_run_median", comparison.key),
+                        figure(paired.median()),
+                    );
                 }
                 Value::Object(row)
             })

@@ -68,7 +68,8 @@ pub struct Args {
     pub catalog: Option<PathBuf>,
     /// With --audit-spool: how long a call waits for its batch's audit transaction before its
     /// record is spooled instead (a capped call is then `usage_unknown`, unless already committing).
-    #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = parse_duration, env = "CAPGATE_STORE_TIMEOUT", hide_env_values = true)]
+    /// 500 ms is twice the slowest commit of a healthy store under load (docs/service.md).
+    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = parse_duration, env = "CAPGATE_STORE_TIMEOUT", hide_env_values = true)]
     pub store_timeout: Duration,
     /// How often the active version is re-read besides notifications.
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration, env = "CAPGATE_POLL_INTERVAL", hide_env_values = true)]

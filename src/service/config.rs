@@ -97,7 +97,7 @@ impl Config {
             listen,
             http_listen: Vec::new(),
             policy: None,
-            store_timeout: Duration::from_millis(50),
+            store_timeout: Duration::from_millis(500),
             audit_timeout: Duration::from_millis(1000),
             poll_interval: Duration::from_secs(2),
             audit_spool: None,

@@ -964,17 +964,29 @@ macro_rules! insert_audit_rows {
     };
 }
 
-/// The audit insert, after writing back a batch's counters (`$23` to `$28`,
-/// [`WriteBack`]) in the same statement: a round trip fewer per counted batch.
-/// The two never touch the same row: `written` and `emptied` are disjoint keys.
-const WRITE_BACK_AND_INSERT_AUDIT: &str = concat!(
-    "WITH written AS (UPDATE usage_counters AS c SET calls = u.calls, window_start = u.ws \
-         FROM UNNEST($23::text[], $24::text[], $25::bigint[], $26::bigint[]) AS u(p, cap, calls, ws) \
-         WHERE c.principal_id = u.p AND c.capability = u.cap), \
-     emptied AS (DELETE FROM usage_counters AS c USING UNNEST($27::text[], $28::text[]) AS u(p, cap) \
-         WHERE c.principal_id = u.p AND c.capability = u.cap AND c.calls = 0) ",
-    insert_audit_rows!()
-);
+/// Writes back a batch's counters (`$23` to `$26`, the changed ones) and deletes the emptied
+/// ones (`$27`, `$28`) ([`WriteBack`]); the start of a statement, as `WITH` clauses.
+///
+/// An upsert rather than `UPDATE … FROM UNNEST(…)`: every row is there (locked), and the conflict
+/// check finds each by the primary key, where the `UPDATE`'s join was planned as a scan of the
+/// whole table (see [`LOCK_EXISTING`]; `plans::counters_are_found_by_their_key`). The `DELETE`
+/// keeps its join: its keys are rare (a row created for a call that was then refused), and with
+/// none the join ends before it reads the table.
+macro_rules! write_back_counters {
+    () => {
+        "WITH written AS (INSERT INTO usage_counters AS c (principal_id, capability, calls, window_start) \
+             SELECT * FROM UNNEST($23::text[], $24::text[], $25::bigint[], $26::bigint[]) \
+             ON CONFLICT (principal_id, capability) DO UPDATE \
+                 SET calls = excluded.calls, window_start = excluded.window_start), \
+         emptied AS (DELETE FROM usage_counters AS c USING UNNEST($27::text[], $28::text[]) AS u(p, cap) \
+             WHERE c.principal_id = u.p AND c.capability = u.cap AND c.calls = 0) "
+    };
+}
+
+/// The audit insert, after writing back a batch's counters in the same statement: a round trip
+/// fewer per counted batch. The two never touch the same row: `written` and `emptied` are
+/// disjoint keys.
+const WRITE_BACK_AND_INSERT_AUDIT: &str = concat!(write_back_counters!(), insert_audit_rows!());
 
 /// Inserts an audit batch into `tx`, as `append_audit` describes, writing
 /// back `counters` in the same statement when there are any.
@@ -1086,6 +1098,30 @@ enum Lock {
 /// One locked counter row: principal, capability, calls, window start.
 type LockedCounter = (String, String, i64, i64);
 
+/// Locks the rows of the keys `$1`, `$2` (principals, capabilities) that exist.
+///
+/// One search of the primary key per key, whatever the planner thinks of the table: a plain join
+/// of the keys with `usage_counters` is planned, prepared once with the arrays unknown, as a hash
+/// join over a sequential scan of the whole table (the planner guesses 10 keys and, while the
+/// table is small, a thousand counters here, finds the scan cheaper), which made each counted
+/// batch read every counter: 0.37 ms against 0.14 ms for 33 keys (docs/benchmarks.md, "Round 3"). The `LATERAL` subquery with `OFFSET 0` is not flattened into a join, so it runs
+/// once per key, by the index, and locks that key's row as the keys come: in the order the
+/// function emits them, the order `WITH ORDINALITY` numbers (`plans::counters_are_found_by_their_key`).
+const LOCK_EXISTING: &str = "SELECT c.principal_id, c.capability, c.calls, c.window_start \
+     FROM UNNEST($1::text[], $2::text[]) WITH ORDINALITY AS k(p, cap, n) \
+     CROSS JOIN LATERAL (SELECT * FROM usage_counters AS c \
+         WHERE c.principal_id = k.p AND c.capability = k.cap OFFSET 0) AS c \
+     ORDER BY k.n FOR UPDATE OF c";
+
+/// Locks the rows of the keys `$1`, `$2`, inserting an empty one where there is none; the
+/// conflict check finds each existing row by the primary key.
+const LOCK_CREATING: &str =
+    "INSERT INTO usage_counters AS c (principal_id, capability, window_start, calls) \
+     SELECT k.p, k.cap, 0, 0 FROM UNNEST($1::text[], $2::text[]) WITH ORDINALITY AS k(p, cap, n) \
+     ORDER BY k.n \
+     ON CONFLICT (principal_id, capability) DO UPDATE SET calls = c.calls \
+     RETURNING principal_id, capability, calls, window_start";
+
 /// Locks the counter rows of `keys` (sorted and distinct,
 /// [`counting::counter_keys`]) in one statement whatever their number, and
 /// returns them. `None` when, with [`Lock::Existing`], a key has no row.
@@ -1095,26 +1131,17 @@ async fn lock_counters(
     lock: Lock,
 ) -> Result<Option<Vec<LockedCounter>>, sqlx::Error> {
     let (principals, capabilities): (Vec<&str>, Vec<&str>) = keys.iter().copied().unzip();
-    // INVARIANT: either way the rows are locked in `keys` order (`ORDER BY
-    // k.n`, the position in the arrays; not `ORDER BY` the columns, whose
-    // collation may sort otherwise), the same on every replica, so two
-    // batches sharing counters queue instead of deadlocking. A row lock is
-    // taken after the sort (PostgreSQL's `LockRows` reads the sorted rows),
-    // and reads the row's latest committed version, whatever the snapshot.
+    // INVARIANT: either way the rows are locked in `keys` order (`k.n`, the
+    // position in the arrays; not `ORDER BY` the columns, whose collation may
+    // sort otherwise), the same on every replica, so two batches sharing
+    // counters queue instead of deadlocking. `Existing` locks in the lateral
+    // subquery, key by key as the function emits them, which is the order
+    // `WITH ORDINALITY` numbers; `Creating` inserts (or locks) the rows in
+    // the `ORDER BY k.n` it selects them in. A row lock reads the row's
+    // latest committed version, whatever the snapshot.
     let statement = match lock {
-        Lock::Existing => {
-            "SELECT c.principal_id, c.capability, c.calls, c.window_start \
-             FROM UNNEST($1::text[], $2::text[]) WITH ORDINALITY AS k(p, cap, n) \
-             JOIN usage_counters AS c ON c.principal_id = k.p AND c.capability = k.cap \
-             ORDER BY k.n FOR UPDATE OF c"
-        }
-        Lock::Creating => {
-            "INSERT INTO usage_counters AS c (principal_id, capability, window_start, calls) \
-             SELECT k.p, k.cap, 0, 0 FROM UNNEST($1::text[], $2::text[]) WITH ORDINALITY AS k(p, cap, n) \
-             ORDER BY k.n \
-             ON CONFLICT (principal_id, capability) DO UPDATE SET calls = c.calls \
-             RETURNING principal_id, capability, calls, window_start"
-        }
+        Lock::Existing => LOCK_EXISTING,
+        Lock::Creating => LOCK_CREATING,
     };
     let found: Vec<LockedCounter> = sqlx::query_as(statement)
         .bind(&principals)
@@ -1305,5 +1332,100 @@ impl AuditArrays {
             columns.door.push(door.as_str());
         }
         Ok(columns)
+    }
+}
+
+/// The counters' statements as PostgreSQL plans them when prepared with the arrays unknown (a
+/// generic plan, which a pooled connection settles on after five runs): each key is found by the
+/// primary key, never by reading the whole table. On the server in `DATABASE_URL`, in a temporary
+/// table of 1 000 counters that shadows `usage_counters` for one rolled-back transaction; skipped
+/// without `DATABASE_URL` unless `CAPGATE_REQUIRE_POSTGRES=1`.
+#[cfg(test)]
+mod plans {
+    use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
+
+    /// The plan of `statement` prepared with `types`, executed with `arguments`, one line a row.
+    async fn plan(
+        connection: &mut PgConnection,
+        statement: &str,
+        types: &str,
+        arguments: &str,
+    ) -> Vec<String> {
+        let text = format!("PREPARE planned({types}) AS {statement}; EXPLAIN EXECUTE planned({arguments}); DEALLOCATE planned");
+        sqlx::raw_sql(AssertSqlSafe(text))
+            .fetch_all(&mut *connection)
+            .await
+            .expect("explain")
+            .iter()
+            .map(|row| row.get::<String, _>(0))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn counters_are_found_by_their_key() {
+        let Ok(url) = std::env::var("DATABASE_URL") else {
+            assert_ne!(
+                std::env::var("CAPGATE_REQUIRE_POSTGRES").as_deref(),
+                Ok("1"),
+                "CAPGATE_REQUIRE_POSTGRES=1 but DATABASE_URL is not set"
+            );
+            eprintln!("skipped: needs DATABASE_URL");
+            return;
+        };
+        let mut connection = PgConnection::connect(&url)
+            .await
+            .expect("connect to DATABASE_URL");
+        let mut tx = connection.begin().await.expect("begin");
+        sqlx::raw_sql(
+            "CREATE TEMPORARY TABLE usage_counters (principal_id TEXT NOT NULL, capability TEXT NOT NULL, \
+                 window_start BIGINT NOT NULL, calls BIGINT NOT NULL, PRIMARY KEY (principal_id, capability)); \
+             INSERT INTO usage_counters SELECT 'p' || n, 'tickets.read', 0, 1 FROM generate_series(1, 1000) AS n; \
+             SET LOCAL plan_cache_mode = force_generic_plan",
+        )
+        .execute(&mut *tx)
+        .await
+        .expect("a table of counters");
+        let keys = "ARRAY['p1', 'p2'], ARRAY['tickets.read', 'tickets.read']";
+        for statement in [super::LOCK_EXISTING, super::LOCK_CREATING] {
+            let lines = plan(&mut tx, statement, "text[], text[]", keys).await;
+            assert!(
+                lines.iter().any(|line| line.contains("usage_counters_pkey")),
+                "{statement}\n{lines:#?}"
+            );
+            assert!(
+                !lines.iter().any(|line| line.contains("Seq Scan")),
+                "{statement}\n{lines:#?}"
+            );
+        }
+        // The write-back: 22 parameters of the audit insert unused here, then the counters'.
+        let types = format!(
+            "{}text[], text[], bigint[], bigint[], text[], text[]",
+            "int, ".repeat(22)
+        );
+        let arguments = format!(
+            "{}{keys}, ARRAY[2, 2]::bigint[], ARRAY[0, 0]::bigint[], ARRAY[]::text[], ARRAY[]::text[]",
+            "0, ".repeat(22)
+        );
+        let lines = plan(
+            &mut tx,
+            concat!(write_back_counters!(), "SELECT 1"),
+            &types,
+            &arguments,
+        )
+        .await;
+        let written: Vec<&String> = lines
+            .iter()
+            .skip_while(|line| !line.contains("CTE written"))
+            .take_while(|line| !line.contains("CTE emptied"))
+            .collect();
+        assert!(
+            written.iter().any(|line| line.contains("usage_counters_pkey")),
+            "{lines:#?}"
+        );
+        assert!(
+            !written.iter().any(|line| line.contains("Seq Scan")),
+            "{lines:#?}"
+        );
+        tx.rollback().await.expect("rollback");
     }
 }

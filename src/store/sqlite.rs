@@ -35,7 +35,7 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteError, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Connection, Executor, Sqlite, SqliteConnection};
+use sqlx::{AssertSqlSafe, Connection, Executor, Sqlite, SqliteConnection};
 use tokio::sync::{Mutex, MutexGuard};
 
 use super::counting::{self, COUNT_USAGE};
@@ -252,51 +252,117 @@ async fn insert_audit(
     Ok(())
 }
 
-/// Counts `asks` in order against their counters, read and written one by one:
-/// SQLite runs in-process, so a statement costs no round trip.
+/// Counts `asks` in order against their counters, read in one statement and
+/// written back in one, per chunk of at most [`COUNTER_CHUNK`] keys. SQLite runs
+/// in-process, but sqlx runs each statement on the connection's own thread, so
+/// a statement is a hand-off between threads each way: one per key read and one
+/// per key written made a batch of 64 capped calls on as many counters 128 of
+/// them (docs/benchmarks.md, "Round 3").
 async fn count_in(tx: &mut SqliteConnection, asks: &[CounterAsk]) -> Result<Vec<Tally>, sqlx::Error> {
     if asks.is_empty() {
         return Ok(Vec::new());
     }
     let (keys, positions) = counting::counter_keys(asks);
-    let mut counters = Vec::with_capacity(keys.len());
-    for (principal, capability) in &keys {
-        let found: Option<(i64, i64)> = sqlx::query_as(
-            "SELECT calls, window_start FROM usage_counters WHERE principal_id = $1 AND capability = $2",
-        )
-        .bind(principal)
-        .bind(capability)
-        .fetch_optional(&mut *tx)
-        .await?;
-        // A negative count (a row written behind capgate's back) counts as none.
-        counters.push(found.and_then(|(calls, window_start)| {
-            u64::try_from(calls).ok().map(|calls| CounterReading {
-                calls,
-                window_start_ms: window_start,
-            })
-        }));
-    }
-    let before = counters.clone();
-    let tallies = counting::count(asks, &positions, &mut counters);
-    for ((principal, capability), (now, was)) in keys.iter().zip(counters.iter().zip(&before)) {
-        if let Some(now) = now.filter(|now| Some(*now) != *was) {
-            {
-                sqlx::query(
-                    "INSERT INTO usage_counters (principal_id, capability, window_start, calls) \
-                     VALUES ($1, $2, $3, $4) \
-                     ON CONFLICT (principal_id, capability) DO UPDATE SET \
-                         window_start = excluded.window_start, calls = excluded.calls",
-                )
-                .bind(principal)
-                .bind(capability)
-                .bind(now.window_start_ms)
-                .bind(sql::saturating_bigint(now.calls))
-                .execute(&mut *tx)
-                .await?;
+    let mut counters = vec![None; keys.len()];
+    for (first, chunk) in chunks(&keys) {
+        let statement = read_counters(chunk.len());
+        let mut query = sqlx::query_as::<_, (String, String, i64, i64)>(statement);
+        for (principal, capability) in chunk {
+            query = query.bind(*principal).bind(*capability);
+        }
+        for (principal, capability, calls, window_start) in query.fetch_all(&mut *tx).await? {
+            // Present: the row is one of the chunk's keys, which are sorted.
+            if let Ok(at) = chunk.binary_search(&(principal.as_str(), capability.as_str())) {
+                // A negative count (a row written behind capgate's back) counts as none.
+                counters[first + at] = u64::try_from(calls).ok().map(|calls| CounterReading {
+                    calls,
+                    window_start_ms: window_start,
+                });
             }
         }
     }
+    let before = counters.clone();
+    let tallies = counting::count(asks, &positions, &mut counters);
+    let changed: Vec<((&str, &str), CounterReading)> = keys
+        .iter()
+        .zip(counters.iter().zip(&before))
+        .filter_map(|(key, (now, was))| now.filter(|now| Some(*now) != *was).map(|now| (*key, now)))
+        .collect();
+    for (_, chunk) in chunks(&changed) {
+        let statement = write_counters(chunk.len());
+        let mut query = sqlx::query(statement);
+        for ((principal, capability), now) in chunk {
+            query = query
+                .bind(*principal)
+                .bind(*capability)
+                .bind(now.window_start_ms)
+                .bind(sql::saturating_bigint(now.calls));
+        }
+        query.execute(&mut *tx).await?;
+    }
     Ok(tallies)
+}
+
+/// The statement that reads `keys` counters, their keys bound as `$1, $2, …` in pairs.
+///
+/// A join from the keys, not `(principal_id, capability) IN (VALUES …)`: SQLite plans that one as
+/// a scan of the whole table once there are two keys. `CROSS JOIN` keeps the keys the outer loop,
+/// so each is one search of the primary key (`tests::counters_are_read_by_their_key`).
+fn read_counters(keys: usize) -> AssertSqlSafe<String> {
+    // INVARIANT: the text is fixed but for numbered placeholders; every value is bound.
+    AssertSqlSafe(format!(
+        "SELECT c.principal_id, c.capability, c.calls, c.window_start \
+         FROM (VALUES {}) AS k CROSS JOIN usage_counters AS c \
+         ON c.principal_id = k.column1 AND c.capability = k.column2",
+        placeholders(keys, 2)
+    ))
+}
+
+/// The statement that writes `keys` counters back, bound as `$1, $2, …` in fours (principal,
+/// capability, window start, calls).
+fn write_counters(keys: usize) -> AssertSqlSafe<String> {
+    // INVARIANT: as above, placeholders only.
+    AssertSqlSafe(format!(
+        "INSERT INTO usage_counters (principal_id, capability, window_start, calls) VALUES {} \
+         ON CONFLICT (principal_id, capability) DO UPDATE SET \
+             window_start = excluded.window_start, calls = excluded.calls",
+        placeholders(keys, 4)
+    ))
+}
+
+/// The most counters one statement reads or writes: 64 keys are 256 parameters at most, far
+/// below SQLite's limit (32 766).
+const COUNTER_CHUNK: usize = 64;
+
+/// `items` in chunks whose sizes are powers of two up to [`COUNTER_CHUNK`], each with the
+/// position of its first item: 37 keys go as 32, 4 and 1. So the statements built for them come
+/// in seven sizes, and sqlx's cache of prepared statements keeps them all.
+fn chunks<T>(items: &[T]) -> impl Iterator<Item = (usize, &[T])> {
+    let mut first = 0;
+    std::iter::from_fn(move || {
+        let left = items.len() - first;
+        if left == 0 {
+            return None;
+        }
+        // The largest power of two not above what is left, at most a whole chunk.
+        let size = COUNTER_CHUNK.min(1 << left.ilog2());
+        let chunk = (first, &items[first..first + size]);
+        first += size;
+        Some(chunk)
+    })
+}
+
+/// `rows` tuples of `columns` numbered parameters: `($1, $2), ($3, $4)`.
+fn placeholders(rows: usize, columns: usize) -> String {
+    let tuples: Vec<String> = (0..rows)
+        .map(|row| {
+            let numbers: Vec<String> = (1..=columns)
+                .map(|column| format!("${}", row * columns + column))
+                .collect();
+            format!("({})", numbers.join(", "))
+        })
+        .collect();
+    tuples.join(", ")
 }
 
 /// Whether SQLite refused the values it was sent, rather than failed: a
@@ -882,5 +948,72 @@ impl SqliteStore {
                 return Ok(deleted);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_go_in_chunks_of_powers_of_two() {
+        let sizes = |count: usize| -> Vec<(usize, usize)> {
+            let items: Vec<usize> = (0..count).collect();
+            chunks(&items)
+                .map(|(first, chunk)| (first, chunk.len()))
+                .collect()
+        };
+        assert_eq!(sizes(0), []);
+        assert_eq!(sizes(1), [(0, 1)]);
+        assert_eq!(sizes(37), [(0, 32), (32, 4), (36, 1)]);
+        assert_eq!(sizes(64), [(0, 64)]);
+        assert_eq!(sizes(200), [(0, 64), (64, 64), (128, 64), (192, 8)]);
+        // Every item once, in order, whatever the count.
+        for count in 0..300 {
+            let items: Vec<usize> = (0..count).collect();
+            let seen: Vec<usize> = chunks(&items)
+                .flat_map(|(_, chunk)| chunk.iter().copied())
+                .collect();
+            assert_eq!(seen, items);
+        }
+    }
+
+    #[tokio::test]
+    async fn counters_are_read_by_their_key() {
+        let mut connection = SqliteConnection::connect("sqlite::memory:")
+            .await
+            .expect("connect");
+        MIGRATOR.run(&mut connection).await.expect("migrate");
+        for keys in [1, 2, 64] {
+            let AssertSqlSafe(statement) = read_counters(keys);
+            let mut query = sqlx::query_as::<_, (i64, i64, i64, String)>(AssertSqlSafe(format!(
+                "EXPLAIN QUERY PLAN {statement}"
+            )));
+            for n in 0..keys {
+                query = query.bind(format!("p{n}")).bind("cap");
+            }
+            let plan: Vec<String> = query
+                .fetch_all(&mut connection)
+                .await
+                .expect("plan")
+                .into_iter()
+                .map(|(_, _, _, detail)| detail)
+                .collect();
+            assert!(
+                plan.iter()
+                    .any(|step| step.starts_with("SEARCH c USING PRIMARY KEY")),
+                "{keys} key(s): {plan:?}"
+            );
+            assert!(
+                !plan.iter().any(|step| step.starts_with("SCAN c")),
+                "{keys} key(s): {plan:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn placeholders_are_numbered_row_by_row() {
+        assert_eq!(placeholders(1, 2), "($1, $2)");
+        assert_eq!(placeholders(2, 4), "($1, $2, $3, $4), ($5, $6, $7, $8)");
     }
 }
