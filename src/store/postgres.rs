@@ -1361,6 +1361,19 @@ mod plans {
             .collect()
     }
 
+    /// `part` of a plan (`whole`, shown on failure) finds rows by the primary key and reads no
+    /// table whole.
+    fn assert_by_key(part: &[String], whole: &[String], what: &str) {
+        assert!(
+            part.iter().any(|line| line.contains("usage_counters_pkey")),
+            "{what}\n{whole:#?}"
+        );
+        assert!(
+            !part.iter().any(|line| line.contains("Seq Scan")),
+            "{what}\n{whole:#?}"
+        );
+    }
+
     #[tokio::test]
     async fn counters_are_found_by_their_key() {
         let Ok(url) = std::env::var("DATABASE_URL") else {
@@ -1388,14 +1401,7 @@ mod plans {
         let keys = "ARRAY['p1', 'p2'], ARRAY['tickets.read', 'tickets.read']";
         for statement in [super::LOCK_EXISTING, super::LOCK_CREATING] {
             let lines = plan(&mut tx, statement, "text[], text[]", keys).await;
-            assert!(
-                lines.iter().any(|line| line.contains("usage_counters_pkey")),
-                "{statement}\n{lines:#?}"
-            );
-            assert!(
-                !lines.iter().any(|line| line.contains("Seq Scan")),
-                "{statement}\n{lines:#?}"
-            );
+            assert_by_key(&lines, &lines, statement);
         }
         // The write-back: 22 parameters of the audit insert unused here, then the counters'.
         let types = format!(
@@ -1413,19 +1419,13 @@ mod plans {
             &arguments,
         )
         .await;
-        let written: Vec<&String> = lines
+        let written: Vec<String> = lines
             .iter()
             .skip_while(|line| !line.contains("CTE written"))
             .take_while(|line| !line.contains("CTE emptied"))
+            .cloned()
             .collect();
-        assert!(
-            written.iter().any(|line| line.contains("usage_counters_pkey")),
-            "{lines:#?}"
-        );
-        assert!(
-            !written.iter().any(|line| line.contains("Seq Scan")),
-            "{lines:#?}"
-        );
+        assert_by_key(&written, &lines, "the write-back");
         tx.rollback().await.expect("rollback");
     }
 }
