@@ -58,6 +58,26 @@ pub(crate) fn counter_keys(asks: &[CounterAsk]) -> (Vec<(&str, &str)>, Vec<usize
     (keys, positions)
 }
 
+/// The counters found for `keys` (as `counter_keys` made them), one per key in their order:
+/// `rows` are the stored rows (principal, capability, calls, window start) of some of them, in any
+/// order; a key with no row, or with a negative count (a row written behind capgate's back), has
+/// none.
+pub(crate) fn readings(
+    keys: &[(&str, &str)],
+    rows: impl IntoIterator<Item = (String, String, i64, i64)>,
+) -> Vec<Option<CounterReading>> {
+    let mut counters = vec![None; keys.len()];
+    for (principal, capability, calls, window_start) in rows {
+        if let Ok(at) = keys.binary_search(&(principal.as_str(), capability.as_str())) {
+            counters[at] = u64::try_from(calls).ok().map(|calls| CounterReading {
+                calls,
+                window_start_ms: window_start,
+            });
+        }
+    }
+    counters
+}
+
 /// Counts `asks` in order against `counters` (one per key, as `counter_keys`
 /// ordered them; `None` where the key has no row), updating them. A counter with
 /// no call in it, or whose window expired at the ask's instant, opens a new window

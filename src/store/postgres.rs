@@ -1104,9 +1104,10 @@ type LockedCounter = (String, String, i64, i64);
 /// of the keys with `usage_counters` is planned, prepared once with the arrays unknown, as a hash
 /// join over a sequential scan of the whole table (the planner guesses 10 keys and, while the
 /// table is small, a thousand counters here, finds the scan cheaper), which made each counted
-/// batch read every counter: 0.37 ms against 0.14 ms for 33 keys (docs/benchmarks.md, "Round 3"). The `LATERAL` subquery with `OFFSET 0` is not flattened into a join, so it runs
-/// once per key, by the index, and locks that key's row as the keys come: in the order the
-/// function emits them, the order `WITH ORDINALITY` numbers (`plans::counters_are_found_by_their_key`).
+/// batch read every counter: 0.37 ms against 0.14 ms for 33 keys (docs/benchmarks.md, "Round
+/// 3"). The `LATERAL` subquery with `OFFSET 0` is not flattened into a join, so it runs once per
+/// key, by the index, and locks that key's row as the keys come: in the order the function emits
+/// them, the order `WITH ORDINALITY` numbers (`plans::counters_are_found_by_their_key`).
 const LOCK_EXISTING: &str = "SELECT c.principal_id, c.capability, c.calls, c.window_start \
      FROM UNNEST($1::text[], $2::text[]) WITH ORDINALITY AS k(p, cap, n) \
      CROSS JOIN LATERAL (SELECT * FROM usage_counters AS c \
@@ -1160,16 +1161,7 @@ fn count_locked<'a>(
     positions: &[usize],
     found: Vec<LockedCounter>,
 ) -> (Vec<Tally>, WriteBack<'a>) {
-    let mut counters = vec![None; keys.len()];
-    for (principal, capability, calls, window_start) in found {
-        if let Ok(at) = keys.binary_search(&(principal.as_str(), capability.as_str())) {
-            // A negative count (a row written behind capgate's back) counts as none.
-            counters[at] = u64::try_from(calls).ok().map(|calls| CounterReading {
-                calls,
-                window_start_ms: window_start,
-            });
-        }
-    }
+    let mut counters = counting::readings(keys, found);
     let before = counters.clone();
     let tallies = counting::count(asks, positions, &mut counters);
     let mut write = WriteBack::default();

@@ -263,24 +263,16 @@ async fn count_in(tx: &mut SqliteConnection, asks: &[CounterAsk]) -> Result<Vec<
         return Ok(Vec::new());
     }
     let (keys, positions) = counting::counter_keys(asks);
-    let mut counters = vec![None; keys.len()];
-    for (first, chunk) in chunks(&keys) {
+    let mut rows = Vec::with_capacity(keys.len());
+    for chunk in chunks(&keys) {
         let statement = read_counters(chunk.len());
         let mut query = sqlx::query_as::<_, (String, String, i64, i64)>(statement);
         for (principal, capability) in chunk {
             query = query.bind(*principal).bind(*capability);
         }
-        for (principal, capability, calls, window_start) in query.fetch_all(&mut *tx).await? {
-            // Present: the row is one of the chunk's keys, which are sorted.
-            if let Ok(at) = chunk.binary_search(&(principal.as_str(), capability.as_str())) {
-                // A negative count (a row written behind capgate's back) counts as none.
-                counters[first + at] = u64::try_from(calls).ok().map(|calls| CounterReading {
-                    calls,
-                    window_start_ms: window_start,
-                });
-            }
-        }
+        rows.extend(query.fetch_all(&mut *tx).await?);
     }
+    let mut counters = counting::readings(&keys, rows);
     let before = counters.clone();
     let tallies = counting::count(asks, &positions, &mut counters);
     let changed: Vec<((&str, &str), CounterReading)> = keys
@@ -288,7 +280,7 @@ async fn count_in(tx: &mut SqliteConnection, asks: &[CounterAsk]) -> Result<Vec<
         .zip(counters.iter().zip(&before))
         .filter_map(|(key, (now, was))| now.filter(|now| Some(*now) != *was).map(|now| (*key, now)))
         .collect();
-    for (_, chunk) in chunks(&changed) {
+    for chunk in chunks(&changed) {
         let statement = write_counters(chunk.len());
         let mut query = sqlx::query(statement);
         for ((principal, capability), now) in chunk {
@@ -335,20 +327,17 @@ fn write_counters(keys: usize) -> AssertSqlSafe<String> {
 /// below SQLite's limit (32 766).
 const COUNTER_CHUNK: usize = 64;
 
-/// `items` in chunks whose sizes are powers of two up to [`COUNTER_CHUNK`], each with the
-/// position of its first item: 37 keys go as 32, 4 and 1. So the statements built for them come
-/// in seven sizes, and sqlx's cache of prepared statements keeps them all.
-fn chunks<T>(items: &[T]) -> impl Iterator<Item = (usize, &[T])> {
-    let mut first = 0;
+/// `items` in chunks whose sizes are powers of two up to [`COUNTER_CHUNK`]: 37 keys go as 32, 4
+/// and 1. So the statements built for them come in seven sizes, and sqlx's cache of prepared
+/// statements keeps them all.
+fn chunks<T>(mut items: &[T]) -> impl Iterator<Item = &[T]> {
     std::iter::from_fn(move || {
-        let left = items.len() - first;
-        if left == 0 {
+        if items.is_empty() {
             return None;
         }
         // The largest power of two not above what is left, at most a whole chunk.
-        let size = COUNTER_CHUNK.min(1 << left.ilog2());
-        let chunk = (first, &items[first..first + size]);
-        first += size;
+        let (chunk, rest) = items.split_at(COUNTER_CHUNK.min(1 << items.len().ilog2()));
+        items = rest;
         Some(chunk)
     })
 }
@@ -960,9 +949,7 @@ mod tests {
     fn counters_go_in_chunks_of_powers_of_two() {
         let sizes = |count: usize| -> Vec<(usize, usize)> {
             let items: Vec<usize> = (0..count).collect();
-            chunks(&items)
-                .map(|(first, chunk)| (first, chunk.len()))
-                .collect()
+            chunks(&items).map(|chunk| (chunk[0], chunk.len())).collect()
         };
         assert_eq!(sizes(0), []);
         assert_eq!(sizes(1), [(0, 1)]);
@@ -972,9 +959,7 @@ mod tests {
         // Every item once, in order, whatever the count.
         for count in 0..300 {
             let items: Vec<usize> = (0..count).collect();
-            let seen: Vec<usize> = chunks(&items)
-                .flat_map(|(_, chunk)| chunk.iter().copied())
-                .collect();
+            let seen: Vec<usize> = chunks(&items).flatten().copied().collect();
             assert_eq!(seen, items);
         }
     }
