@@ -1405,6 +1405,26 @@ mod plans {
         )
     }
 
+    /// A temporary `usage_counters` (as migration 0001 makes it) of `rows` counters `p1`, `p2`, …
+    /// on `tickets.read`, which shadows the real one until `connection`'s transaction ends.
+    async fn shadow_counters(connection: &mut PgConnection, rows: u32) {
+        sqlx::query(
+            "CREATE TEMPORARY TABLE usage_counters (principal_id TEXT NOT NULL, capability TEXT NOT NULL, \
+                 window_start BIGINT NOT NULL, calls BIGINT NOT NULL CHECK (calls >= 0), \
+                 PRIMARY KEY (principal_id, capability)) WITH (fillfactor = 70)",
+        )
+        .execute(&mut *connection)
+        .await
+        .expect("a table of counters");
+        sqlx::query(
+            "INSERT INTO usage_counters SELECT 'p' || n, 'tickets.read', 0, 1 FROM generate_series(1, $1) AS n",
+        )
+        .bind(i64::from(rows))
+        .execute(&mut *connection)
+        .await
+        .expect("counters");
+    }
+
     /// The statements every counted batch runs are planned once per connection and then reused,
     /// as PostgreSQL does for a prepared statement whose generic plan costs no more than planning
     /// it for each batch's arrays: five plans for the first five runs, then one for the rest. A
@@ -1418,12 +1438,9 @@ mod plans {
             return;
         };
         let mut tx = connection.begin().await.expect("begin");
+        shadow_counters(&mut tx, 100_000).await;
         sqlx::raw_sql(
-            "CREATE TEMPORARY TABLE usage_counters (principal_id TEXT NOT NULL, capability TEXT NOT NULL, \
-                 window_start BIGINT NOT NULL, calls BIGINT NOT NULL CHECK (calls >= 0), \
-                 PRIMARY KEY (principal_id, capability)) WITH (fillfactor = 70); \
-             INSERT INTO usage_counters SELECT 'p' || n, 'tickets.read', 0, 1 FROM generate_series(1, 100000) AS n; \
-             ANALYZE usage_counters; \
+            "ANALYZE usage_counters; \
              CREATE TEMPORARY TABLE audit_log (decision_id TEXT NOT NULL, at BIGINT NOT NULL, request_id TEXT, \
                  gateway TEXT NOT NULL, kind TEXT NOT NULL, outcome TEXT NOT NULL, code TEXT, path TEXT, \
                  principal_id TEXT, issuer TEXT, subject TEXT, capability TEXT, tool TEXT, account_id TEXT, \
@@ -1433,7 +1450,7 @@ mod plans {
         )
         .execute(&mut *tx)
         .await
-        .expect("tables of counters and records");
+        .expect("a table of records");
         const RUNS: i64 = 10;
         for run in 0..RUNS {
             // A batch of 64 capped calls, each on a counter of its own.
@@ -1490,15 +1507,11 @@ mod plans {
             return;
         };
         let mut tx = connection.begin().await.expect("begin");
-        sqlx::raw_sql(
-            "CREATE TEMPORARY TABLE usage_counters (principal_id TEXT NOT NULL, capability TEXT NOT NULL, \
-                 window_start BIGINT NOT NULL, calls BIGINT NOT NULL, PRIMARY KEY (principal_id, capability)); \
-             INSERT INTO usage_counters SELECT 'p' || n, 'tickets.read', 0, 1 FROM generate_series(1, 1000) AS n; \
-             SET LOCAL plan_cache_mode = force_generic_plan",
-        )
-        .execute(&mut *tx)
-        .await
-        .expect("a table of counters");
+        shadow_counters(&mut tx, 1_000).await;
+        sqlx::raw_sql("SET LOCAL plan_cache_mode = force_generic_plan")
+            .execute(&mut *tx)
+            .await
+            .expect("generic plans");
         let keys = "ARRAY['p1', 'p2'], ARRAY['tickets.read', 'tickets.read']";
         for statement in [super::LOCK_EXISTING, super::LOCK_CREATING] {
             let lines = plan(&mut tx, statement, "text[], text[]", keys).await;
