@@ -1492,10 +1492,11 @@ mod plans {
             let Some((_, generic, custom)) = found else {
                 panic!("not prepared: {statement}\n{plans:#?}");
             };
-            assert_eq!(
-                (*generic, *custom),
-                (RUNS - 5, 5),
-                "(generic plans, custom plans) of {statement}"
+            // Five custom plans at most: none where the server forces generic plans.
+            assert!(
+                *custom <= 5 && *generic == RUNS - *custom,
+                "(generic plans, custom plans) of {statement}: ({generic}, {custom}), not ({}, 5)",
+                RUNS - 5
             );
         }
         tx.rollback().await.expect("rollback");
