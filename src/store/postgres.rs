@@ -1406,7 +1406,8 @@ mod plans {
     }
 
     /// A temporary `usage_counters` (as migration 0001 makes it) of `rows` counters `p1`, `p2`, …
-    /// on `tickets.read`, which shadows the real one until `connection`'s transaction ends.
+    /// on `tickets.read`, which shadows the real one for the rest of `connection`'s transaction
+    /// (the tests roll it back, which drops it).
     async fn shadow_counters(connection: &mut PgConnection, rows: u32) {
         sqlx::query(
             "CREATE TEMPORARY TABLE usage_counters (principal_id TEXT NOT NULL, capability TEXT NOT NULL, \
