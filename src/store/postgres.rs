@@ -997,13 +997,25 @@ const DELETE_EMPTIED: &str =
      WHERE c.principal_id = u.p AND c.capability = u.cap AND c.calls = 0";
 
 /// Inserts an audit batch into `tx`, as `append_audit` describes, writing
-/// back `counters` in the same statement when there are any.
+/// back `counters` in the same statement when there are any (their emptied
+/// rows, if any, deleted by one of its own first).
 async fn insert_audit(
     tx: &mut PgConnection,
     columns: AuditArrays,
     remembered: &[RememberedEntry],
     counters: Option<WriteBack<'_>>,
 ) -> Result<(), sqlx::Error> {
+    // Rare, and disjoint from the keys written back below: a key is either.
+    if let Some(counters) = counters
+        .as_ref()
+        .filter(|counters| !counters.emptied_principals.is_empty())
+    {
+        sqlx::query(DELETE_EMPTIED)
+            .bind(&counters.emptied_principals)
+            .bind(&counters.emptied_capabilities)
+            .execute(&mut *tx)
+            .await?;
+    }
     // One statement per table, whatever the batch size: the rows travel
     // as one array per column, which keeps the statement text (and its
     // prepared plan) the same for every batch.
@@ -1035,29 +1047,15 @@ async fn insert_audit(
             .bind(columns.visible_count)
             .bind(columns.visible)
             .bind(columns.door);
-        let mut emptied = None;
         let query = match counters {
-            Some(counters) => {
-                if !counters.emptied_principals.is_empty() {
-                    emptied = Some((counters.emptied_principals, counters.emptied_capabilities));
-                }
-                query
-                    .bind(counters.principals)
-                    .bind(counters.capabilities)
-                    .bind(counters.calls)
-                    .bind(counters.window_starts)
-            }
+            Some(counters) => query
+                .bind(counters.principals)
+                .bind(counters.capabilities)
+                .bind(counters.calls)
+                .bind(counters.window_starts),
             None => query,
         };
         query.execute(&mut *tx).await?;
-        // Disjoint from the keys written back: a key is either.
-        if let Some((principals, capabilities)) = emptied {
-            sqlx::query(DELETE_EMPTIED)
-                .bind(principals)
-                .bind(capabilities)
-                .execute(&mut *tx)
-                .await?;
-        }
     }
     if !remembered.is_empty() {
         let mut gateways = Vec::with_capacity(remembered.len());
