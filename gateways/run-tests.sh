@@ -4,13 +4,14 @@
 # dist/, which the scenario suite starts), then the Python unit tests and the shared scenario
 # suite against a real `capgate serve`.
 #
-#   CAPGATE_BIN   the capgate binary (default: target/debug/capgate at the repo root)
+#   CAPGATE_BIN   the capgate binary (default: debug/capgate in CARGO_TARGET_DIR, or in target/
+#                 at the repo root)
 #   DATABASE_URL  also run capgate on this PostgreSQL database instead of SQLite
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
-export CAPGATE_BIN="${CAPGATE_BIN:-$repo/target/debug/capgate}"
+export CAPGATE_BIN="${CAPGATE_BIN:-${CARGO_TARGET_DIR:-target}/debug/capgate}"
 case "$CAPGATE_BIN" in /*) ;; *) CAPGATE_BIN="$repo/$CAPGATE_BIN" ;; esac
 
 python_dir="$here/python"

@@ -152,6 +152,9 @@ fi
 # built. Its last line is pytest's summary.
 # The binary the Rust tests ran (`cargo build` alone would rebuild it, and half the dependency tree,
 # with the features of a build without dev-dependencies).
+# Where cargo put it: `target/`, or `CARGO_TARGET_DIR` (relative to here) when that is set.
 step "gateways/run-tests.sh"
-[ -x target/debug/capgate ] || die "target/debug/capgate was not built by the tests above"
-CAPGATE_BIN="$PWD/target/debug/capgate" bash gateways/run-tests.sh
+capgate_bin="${CARGO_TARGET_DIR:-target}/debug/capgate"
+case "$capgate_bin" in /*) ;; *) capgate_bin="$PWD/$capgate_bin" ;; esac
+[ -x "$capgate_bin" ] || die "$capgate_bin was not built by the tests above"
+CAPGATE_BIN="$capgate_bin" bash gateways/run-tests.sh
