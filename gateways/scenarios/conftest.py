@@ -8,6 +8,7 @@ rather than skipping them, so the suite cannot pass on one gateway alone.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fixtures.servers import OidcProvider, TokenEndpoint, Vault  # noqa: E402
 from harness import (  # noqa: E402
+    EVERYTHING,
+    NODE22,
     PYTHON,
     SCENARIOS,
     TS_CLI,
@@ -88,6 +91,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     web = Process("http upstream", [PYTHON, str(SCENARIOS / "upstreams" / "http_upstream.py")], env=base_env,
                   log=directory / "http-upstream.log", watch_stdout=True)
     web_url = web.wait_for(lambda line: (json_event(line) or {}).get("url"))
+    # An upstream that accepts connections and never answers (the kernel completes the handshake).
+    black_hole = socket.socket()
+    black_hole.bind(("127.0.0.1", 0))
+    black_hole.listen(64)
 
     values = {
         **sentinels,
@@ -97,6 +104,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         "TOKEN_URL": tokens.url,
         "WEB_URL": web_url,
         "DOWN_URL": f"http://127.0.0.1:{free_port()}/mcp",
+        "HANG_URL": f"http://127.0.0.1:{black_hole.getsockname()[1]}/mcp",
+        "NODE22": str(NODE22),
+        "EVERYTHING": str(EVERYTHING),
         "OIDC_DISCOVERY": oidc.discovery_url,
     }
     policy_text = render((SCENARIOS / "policy.yaml").read_text(), values)
@@ -122,6 +132,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     yield world
     capgate.process.stop()
     web.stop()
+    black_hole.close()
     for server in (oidc, vault, tokens):
         server.close()
     if database:

@@ -265,6 +265,31 @@ def test_capgate_unreachable_fails_closed(gateway, tmp_path) -> None:  # noqa: A
     assert isinstance(answer, MCPError) and answer.code == -32001 and answer.data["code"] == "capgate_unavailable"
 
 
+def test_an_upstream_that_never_answers_hits_the_upstream_timeout(gateway, tmp_path) -> None:  # noqa: ANN001
+    """An HTTP upstream that accepts and never answers: upstream_failed after --upstream-timeout,
+    noted on the decision, and the gateway still answers the next call."""
+    world = gateway.world
+    http = start_http_gateway(gateway.kind, world.capgate.url, world.gateway_token_file, world.gateway_env,
+                              tmp_path / "gateway.stderr", extra=["--upstream-timeout", "2"])
+    try:
+        caller = mint_caller(world, "ana")
+        started = time.monotonic()
+        answer = _call(http, caller, "hang__whoami")
+        elapsed = time.monotonic() - started
+        after = _call(http, caller, "web__whoami")  # an HTTP upstream that answers at once
+    finally:
+        http.process.stop()
+    gateway.stdio_logs.append(tmp_path / "gateway.stderr")
+    gateway.transcripts.append(transcript(answer))
+    assert isinstance(answer, MCPError) and answer.code == -32003, transcript(answer)
+    assert answer.data["code"] == "upstream_failed" and "2s" in answer.data["message"], transcript(answer)
+    # The deadline is the gateway's: 2 s, plus capgate's Decide and the client's own round trip.
+    assert elapsed < 10, f"the call took {elapsed:.1f}s with --upstream-timeout 2"
+    assert not isinstance(after, MCPError), transcript(after)
+    row = next(r for r in world.capgate.audit() if r["decision_id"] == answer.data["decision_id"])
+    assert any(n["kind"] == "upstream_failed" for n in row.get("notes") or []), row
+
+
 # ── the OAuth token is cached ────────────────────────────────────────────────
 
 

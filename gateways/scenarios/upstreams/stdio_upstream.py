@@ -2,7 +2,9 @@
 
 `whoami` answers the SHA-256 (hex) of `MCP_UPSTREAM_CREDENTIAL`, so a scenario can check
 that the gateway passed the allowed account's secret and that the secret itself never
-travels back. `echo` returns its argument, to check arguments are relayed unchanged.
+travels back. `echo` returns its argument, to check arguments are relayed unchanged. The
+resource `probe://whoami` and the prompt `greet` are what a gateway relays besides tools
+(`--relay`); this server speaks 2026-07-28, where server-everything speaks the handshake.
 """
 
 from __future__ import annotations
@@ -22,6 +24,16 @@ def whoami() -> str:
     if credential is None:
         return "credential: none"
     return "credential-sha256: " + hashlib.sha256(credential.encode()).hexdigest()
+
+
+@server.resource("probe://whoami", description="What `whoami` answers, as a resource")
+def whoami_resource() -> str:
+    return whoami()
+
+
+@server.prompt(description="A greeting for `name`")
+def greet(name: str) -> str:
+    return f"Say hello to {name}."
 
 
 @server.tool()

@@ -7,15 +7,18 @@ import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { createCapgateClient } from "@capgate/client";
 import { Gateway } from "./gateway.js";
+import { HostCheck } from "./hosts.js";
 import { serveHttp } from "./http.js";
 import { stderrLogger } from "./log.js";
 import { SecretResolver } from "./secrets/index.js";
+import { Fanout, loadRelayConfig, type RelayedUpstream } from "./relay.js";
 import { serveStdio } from "./stdio.js";
-import { UpstreamPool } from "./upstreams.js";
+import { DEFAULT_UPSTREAM_TIMEOUT_MS, UpstreamPool } from "./upstreams.js";
 import { watchPolicy } from "./watch.js";
 
 const USAGE = `usage: cli.js --capgate URL [--gateway-token-file FILE] [--ca-file FILE]
               (--listen HOST:PORT | --stdio) [--issuer ID] [--decide-timeout SECONDS]
+              [--upstream-timeout SECONDS] [--relay FILE] [--allowed-host HOST]… [--allowed-origin ORIGIN]…
 
   --capgate URL              capgate's gRPC endpoint, e.g. http://127.0.0.1:50051  [env CAPGATE_URL]
   --gateway-token-file FILE  the gateway's token for capgate                     [env CAPGATE_GATEWAY_TOKEN_FILE]
@@ -24,6 +27,11 @@ const USAGE = `usage: cli.js --capgate URL [--gateway-token-file FILE] [--ca-fil
   --stdio                    serve MCP over stdio
   --issuer ID                issuer hint sent as Credential.issuer
   --decide-timeout SECONDS   deadline of every capgate call (default 2)
+  --upstream-timeout SECONDS deadline of every upstream request, opening its session included (default 60)
+  --relay FILE               the upstreams whose resources, prompts, completions and logging are relayed (JSON)
+  --allowed-host HOST        a Host this gateway answers to (repeatable; default for a loopback
+                             --listen: localhost, 127.0.0.1, ::1)
+  --allowed-origin ORIGIN    an Origin accepted besides those of the allowed hosts (repeatable)
 `;
 
 function usage(problem: string): never {
@@ -38,6 +46,16 @@ interface Config {
   readonly listen: { readonly host: string; readonly port: number } | undefined;
   readonly issuer: string | undefined;
   readonly timeoutMs: number;
+  readonly upstreamTimeoutMs: number;
+  readonly relayed: RelayedUpstream[];
+  readonly allowedHosts: string[];
+  readonly allowedOrigins: string[];
+}
+
+function seconds(value: string | undefined, fallback: number, flag: string): number {
+  const parsed = value === undefined ? fallback : Number(value);
+  if (!Number.isFinite(parsed) || parsed <= 0) usage(`${flag} must be a number of seconds above 0`);
+  return Math.round(parsed * 1000);
 }
 
 function parseListen(value: string): { host: string; port: number } {
@@ -65,6 +83,10 @@ function config(argv: string[], env: NodeJS.ProcessEnv): Config {
         stdio: { type: "boolean" },
         issuer: { type: "string" },
         "decide-timeout": { type: "string" },
+        "upstream-timeout": { type: "string" },
+        relay: { type: "string" },
+        "allowed-host": { type: "string", multiple: true },
+        "allowed-origin": { type: "string", multiple: true },
         help: { type: "boolean", short: "h" },
       },
     }));
@@ -78,15 +100,25 @@ function config(argv: string[], env: NodeJS.ProcessEnv): Config {
   const capgate = values.capgate ?? env.CAPGATE_URL;
   if (capgate === undefined || capgate === "") usage("--capgate (or CAPGATE_URL) is required");
   if ((values.listen === undefined) === (values.stdio !== true)) usage("give exactly one of --listen and --stdio");
-  const seconds = values["decide-timeout"] === undefined ? 2 : Number(values["decide-timeout"]);
-  if (!Number.isFinite(seconds) || seconds <= 0) usage("--decide-timeout must be a number of seconds above 0");
+  let relayed: RelayedUpstream[] = [];
+  if (values.relay !== undefined) {
+    try {
+      relayed = loadRelayConfig(values.relay);
+    } catch (error) {
+      usage(`--relay: ${error instanceof Error ? error.message : String(error)}`);
+    }
+  }
   return {
     capgate,
     tokenFile: values["gateway-token-file"] ?? (env.CAPGATE_GATEWAY_TOKEN_FILE || undefined),
     caFile: values["ca-file"],
     listen: values.listen === undefined ? undefined : parseListen(values.listen),
     issuer: values.issuer,
-    timeoutMs: Math.round(seconds * 1000),
+    timeoutMs: seconds(values["decide-timeout"], 2, "--decide-timeout"),
+    upstreamTimeoutMs: seconds(values["upstream-timeout"], DEFAULT_UPSTREAM_TIMEOUT_MS / 1000, "--upstream-timeout"),
+    relayed,
+    allowedHosts: values["allowed-host"] ?? [],
+    allowedOrigins: values["allowed-origin"] ?? [],
   };
 }
 
@@ -107,12 +139,18 @@ async function main(): Promise<void> {
     ...(cfg.caFile !== undefined && { caFile: cfg.caFile }),
     timeoutMs: cfg.timeoutMs,
   });
-  const upstreams = new UpstreamPool(logger);
+  const fanout = new Fanout();
+  const upstreams = new UpstreamPool(logger, {
+    timeoutMs: cfg.upstreamTimeoutMs,
+    onNotification: (key, notification) => fanout.deliver(key, notification),
+  });
   const gateway = new Gateway({
     capgate,
     secrets: new SecretResolver(process.env),
     upstreams,
     logger,
+    relayed: cfg.relayed,
+    fanout,
     ...(cfg.issuer !== undefined && { issuer: cfg.issuer }),
   });
 
@@ -130,7 +168,8 @@ async function main(): Promise<void> {
   let closeTransport: () => Promise<void>;
   let ended: Promise<void>;
   if (cfg.listen !== undefined) {
-    const http = await serveHttp(gateway, logger, cfg.listen.host, cfg.listen.port);
+    const hostCheck = HostCheck.forBind(cfg.listen.host, cfg.allowedHosts, cfg.allowedOrigins);
+    const http = await serveHttp(gateway, logger, cfg.listen.host, cfg.listen.port, hostCheck);
     // The scenario runner waits for exactly this line.
     process.stderr.write(`${JSON.stringify({ event: "listening", url: http.url })}\n`);
     closeTransport = () => http.close();

@@ -4,7 +4,7 @@
 //! The gateway never decides; it relays.
 
 import { randomUUID } from "node:crypto";
-import { Server, type JSONRPCMessage, type Tool, type Transport } from "@modelcontextprotocol/server";
+import { Server, type JSONRPCMessage, type ServerCapabilities, type Tool, type Transport } from "@modelcontextprotocol/server";
 import type { CallerCredential, CapgateClient, VisibleTool } from "@capgate/client";
 import type { Logger } from "./log.js";
 import {
@@ -13,8 +13,19 @@ import {
   credentialFailed,
   listingUnauthenticated,
   refusalOf,
+  unknownTarget,
   upstreamFailed,
 } from "./refusals.js";
+import {
+  Fanout,
+  Relay,
+  listResourceTemplates,
+  listResources,
+  promptRoute,
+  type Feature,
+  type Reach,
+  type RelayedUpstream,
+} from "./relay.js";
 import type { SecretResolver } from "./secrets/index.js";
 import { UpstreamError, UpstreamFailure, type UpstreamPool } from "./upstreams.js";
 
@@ -28,10 +39,17 @@ export interface GatewayDeps {
   /** `--issuer`: sent as `Credential.issuer`. */
   readonly issuer?: string;
   readonly now?: () => Date;
+  /** `--relay`: the upstreams whose resources, prompts, completions and logging are relayed. */
+  readonly relayed?: readonly RelayedUpstream[];
+  /** Who hears what upstreams say (the pool delivers to the same one). */
+  readonly fanout?: Fanout;
 }
 
 /** Where a request's caller credential comes from (HTTP: its bearer token; stdio: the env). */
 export type CredentialOf = (authToken: string | undefined) => CallerCredential;
+
+/** A handler's caller, `--issuer` applied. */
+type Caller = (ctx: { http?: { authInfo?: { token?: string } } }) => CallerCredential;
 
 function mcpTool(tool: VisibleTool): Tool {
   let inputSchema: Tool["inputSchema"] = { type: "object" };
@@ -76,20 +94,163 @@ function keepCredentialFailedCode(server: Server): void {
 export class Gateway {
   /** Told when the policy changes: one per open MCP session or stream router. */
   readonly #listeners = new Set<() => void>();
+  readonly relay: Relay;
+  readonly fanout: Fanout;
 
-  constructor(private readonly deps: GatewayDeps) {}
+  constructor(private readonly deps: GatewayDeps) {
+    this.relay = new Relay(deps, deps.relayed ?? []);
+    this.fanout = deps.fanout ?? new Fanout();
+  }
 
   /** A server for one MCP session or request, the caller's credential read per request through `credentialOf`. */
   serverFor(credentialOf: CredentialOf): Server {
-    const server = new Server(GATEWAY_INFO, { capabilities: { tools: { listChanged: true } } });
+    const has = (feature: Feature) => this.relay.features.has(feature);
+    // Closed by default: a feature no relayed upstream opens has no handler and is not advertised.
+    const capabilities: ServerCapabilities = {
+      tools: { listChanged: true },
+      ...(has("resources") && { resources: { subscribe: true, listChanged: true } }),
+      ...(has("prompts") && { prompts: { listChanged: true } }),
+      ...(has("completions") && { completions: {} }),
+      ...(has("logging") && { logging: {} }),
+    };
+    const server = new Server(GATEWAY_INFO, { capabilities });
+    const caller = (ctx: { http?: { authInfo?: { token?: string } } }) => this.#credential(credentialOf(ctx.http?.authInfo?.token));
     server.setRequestHandler("tools/list", async (_request, ctx) => ({
       tools: await this.listTools(credentialOf(ctx.http?.authInfo?.token)),
     }));
     server.setRequestHandler("tools/call", async (request, ctx) =>
       this.callTool(credentialOf(ctx.http?.authInfo?.token), request.params.name, request.params.arguments),
     );
+    if (has("resources")) this.#relayResources(server, caller);
+    if (has("prompts")) this.#relayPrompts(server, caller);
+    if (has("completions")) this.#relayCompletions(server, caller);
+    if (has("logging")) this.#relayLogging(server, caller);
     keepCredentialFailedCode(server);
     return server;
+  }
+
+  // ── what is not a tool (relay.ts) ──────────────────────────────────────────
+
+  #relayResources(server: Server, caller: Caller): void {
+    const relay = this.relay;
+    server.setRequestHandler("resources/list", async (_request, ctx) => {
+      const reaches = await relay.reach(caller(ctx), "resources", "resources/list");
+      return { resources: await relay.gather(reaches, "resources/list", listResources) };
+    });
+    server.setRequestHandler("resources/templates/list", async (_request, ctx) => {
+      const reaches = await relay.reach(caller(ctx), "resources", "resources/templates/list");
+      return { resourceTemplates: await relay.gather(reaches, "resources/templates/list", listResourceTemplates) };
+    });
+    server.setRequestHandler("resources/read", async (request, ctx) => {
+      const { uri } = request.params;
+      const reach = await this.#resource(caller(ctx), "resources", "resources/read", uri);
+      return relay.send(reach, "resources/read", uri, (client, options) => client.readResource({ uri }, options));
+    });
+    server.setRequestHandler("resources/subscribe", async (request, ctx) => {
+      const { uri } = request.params;
+      const reach = await this.#resource(caller(ctx), "resources", "resources/subscribe", uri);
+      const result = await relay.send(reach, "resources/subscribe", uri, (client, options) =>
+        client.subscribeResource({ uri }, options),
+      );
+      this.fanout.subscribe(reach.key, uri, server);
+      return result;
+    });
+    server.setRequestHandler("resources/unsubscribe", async (request, ctx) => {
+      const { uri } = request.params;
+      const reach = await this.#resource(caller(ctx), "resources", "resources/unsubscribe", uri);
+      if (!this.fanout.unsubscribe(reach.key, uri, server)) {
+        // Another session of this upstream and account still listens: the upstream keeps it.
+        this.deps.logger.log("info", "relayed", {
+          method: "resources/unsubscribe",
+          upstream: reach.upstream.id,
+          account: reach.account.id,
+          listing_id: reach.listingId,
+          target: uri,
+          kept_for_others: true,
+        });
+        return {};
+      }
+      return relay.send(reach, "resources/unsubscribe", uri, (client, options) => client.unsubscribeResource({ uri }, options));
+    });
+  }
+
+  async #resource(credential: CallerCredential, feature: Feature, method: string, uri: string): Promise<Reach> {
+    const reaches = await this.relay.reach(credential, feature, method);
+    const reach = await this.relay.routeResource(reaches, uri);
+    if (reach === undefined) {
+      const listingId = reaches[0]?.listingId ?? "";
+      this.deps.logger.log("info", "relay_refused", { method, code: "unknown_resource", target: uri, listing_id: listingId });
+      throw unknownTarget("resource", uri, listingId);
+    }
+    return reach;
+  }
+
+  async #prompt(credential: CallerCredential, feature: Feature, method: string, name: string): Promise<{ reach: Reach; inner: string }> {
+    const reaches = await this.relay.reach(credential, feature, method);
+    const route = promptRoute(reaches, name);
+    if (route === undefined) {
+      const listingId = reaches[0]?.listingId ?? "";
+      this.deps.logger.log("info", "relay_refused", { method, code: "unknown_prompt", target: name, listing_id: listingId });
+      throw unknownTarget("prompt", name, listingId);
+    }
+    return route;
+  }
+
+  #relayPrompts(server: Server, caller: Caller): void {
+    const relay = this.relay;
+    server.setRequestHandler("prompts/list", async (_request, ctx) => {
+      const reaches = await relay.reach(caller(ctx), "prompts", "prompts/list");
+      const prompts = [];
+      for (const reach of reaches) {
+        const listed = await relay.gather([reach], "prompts/list", async (client, options) => (await client.listPrompts(undefined, options)).prompts);
+        prompts.push(...listed.map((p) => ({ ...p, name: `${reach.upstream.id}__${p.name}` })));
+      }
+      return { prompts };
+    });
+    server.setRequestHandler("prompts/get", async (request, ctx) => {
+      const { name, arguments: args } = request.params;
+      const { reach, inner } = await this.#prompt(caller(ctx), "prompts", "prompts/get", name);
+      return relay.send(reach, "prompts/get", name, (client, options) =>
+        client.getPrompt({ name: inner, ...(args !== undefined && { arguments: args }) }, options),
+      );
+    });
+  }
+
+  #relayCompletions(server: Server, caller: Caller): void {
+    server.setRequestHandler("completion/complete", async (request, ctx) => {
+      const { ref, argument, context } = request.params;
+      let reach: Reach;
+      let upstreamRef: typeof ref;
+      let target: string;
+      if (ref.type === "ref/prompt") {
+        const route = await this.#prompt(caller(ctx), "completions", "completion/complete", ref.name);
+        ({ reach } = route);
+        upstreamRef = { ...ref, name: route.inner };
+        target = ref.name;
+      } else {
+        reach = await this.#resource(caller(ctx), "completions", "completion/complete", ref.uri);
+        upstreamRef = ref;
+        target = ref.uri;
+      }
+      return this.relay.send(reach, "completion/complete", target, (client, options) =>
+        client.complete({ ref: upstreamRef, argument, ...(context !== undefined && { context }) }, options),
+      );
+    });
+  }
+
+  #relayLogging(server: Server, caller: Caller): void {
+    server.setRequestHandler("logging/setLevel", async (request, ctx) => {
+      const { level } = request.params;
+      for (const reach of await this.relay.reach(caller(ctx), "logging", "logging/setLevel")) {
+        try {
+          await this.relay.send(reach, "logging/setLevel", level, (client, options) => client.setLoggingLevel(level, options));
+        } catch {
+          continue; // logged by send; the other upstreams still log
+        }
+        this.fanout.listenLogs(reach.key, server);
+      }
+      return {};
+    });
   }
 
   /** Calls `listener` on every policy change until the returned function is called. */

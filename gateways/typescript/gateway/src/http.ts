@@ -1,8 +1,12 @@
-//! MCP over Streamable HTTP at `/mcp`. Before the SDK sees a request: no
-//! `Authorization: Bearer` is HTTP 401 with `WWW-Authenticate: Bearer`, and a
-//! POST whose `Mcp-Method` / `Mcp-Name` headers disagree with its body is
-//! JSON-RPC -32600 (the SDK would answer its own -32020 on 2026-07-28
-//! requests only; checking first gives one answer for every revision).
+//! MCP over Streamable HTTP at `/mcp`. Before the SDK sees a request: a
+//! `Host` or `Origin` the gateway does not answer to is HTTP 421 / 403
+//! (`hosts.ts`, DNS-rebinding protection); no `Authorization: Bearer` is HTTP
+//! 401 with `WWW-Authenticate: Bearer`; a body that is not JSON, or nested
+//! deeper than MAX_DEPTH, is JSON-RPC -32700; and a POST whose `Mcp-Method` /
+//! `Mcp-Name` headers disagree with its body is JSON-RPC -32600 (the SDK
+//! would answer its own -32020 on 2026-07-28 requests only; checking first
+//! gives one answer for every revision). INVARIANT: every 4xx answer carries
+//! a JSON-RPC error body.
 //!
 //! Then the request goes to one of two legs, split by the SDK's own
 //! `isLegacyRequest`: 2026-07-28 requests (self-contained, with the `_meta`
@@ -19,10 +23,19 @@ import { NodeStreamableHTTPServerTransport, toNodeHandler, toWebRequest } from "
 import { createMcpHandler, isInitializeRequest, isLegacyRequest } from "@modelcontextprotocol/server";
 import type { Gateway } from "./gateway.js";
 import { headerDisagreement, headerValue } from "./headers.js";
+import type { HostCheck } from "./hosts.js";
 import type { Logger } from "./log.js";
 import { JSONRPC_INVALID_REQUEST } from "./refusals.js";
 
+const JSONRPC_PARSE_ERROR = -32700;
+
 const MAX_BODY_BYTES = 4 * 1024 * 1024;
+/**
+ * How deep a request body may nest. The SDK's validators recurse, so a body
+ * nested tens of thousands deep would overflow the stack (an HTTP 500); MCP
+ * messages nest a few levels, tool arguments rarely a few dozen.
+ */
+export const MAX_DEPTH = 256;
 
 interface Session {
   readonly transport: NodeStreamableHTTPServerTransport;
@@ -38,6 +51,20 @@ export function bearerToken(header: string | undefined): string | undefined {
 function jsonRpcError(res: ServerResponse, status: number, code: number, message: string, id: unknown = null): void {
   const body = JSON.stringify({ jsonrpc: "2.0", id, error: { code, message } });
   res.writeHead(status, { "Content-Type": "application/json" }).end(body);
+}
+
+/** How deeply `value` nests (a scalar is 0), counted without recursion, up to `limit + 1`. */
+export function depthOf(value: unknown, limit = MAX_DEPTH): number {
+  let deepest = 0;
+  const stack: Array<[unknown, number]> = [[value, 0]];
+  while (stack.length > 0) {
+    const [item, depth] = stack.pop() as [unknown, number];
+    if (typeof item !== "object" || item === null) continue;
+    if (depth + 1 > deepest) deepest = depth + 1;
+    if (deepest > limit) return deepest;
+    for (const child of Array.isArray(item) ? item : Object.values(item)) stack.push([child, depth + 1]);
+  }
+  return deepest;
 }
 
 async function readBody(req: IncomingMessage): Promise<string | undefined> {
@@ -56,7 +83,13 @@ export interface HttpGateway {
   close(): Promise<void>;
 }
 
-export async function serveHttp(gateway: Gateway, logger: Logger, host: string, port: number): Promise<HttpGateway> {
+export async function serveHttp(
+  gateway: Gateway,
+  logger: Logger,
+  host: string,
+  port: number,
+  hostCheck?: HostCheck,
+): Promise<HttpGateway> {
   const sessions = new Map<string, Session>();
   const credentialOf = (authToken: string | undefined) => ({ bearerToken: authToken ?? "" });
   const modern = createMcpHandler(() => gateway.serverFor(credentialOf), {
@@ -65,18 +98,31 @@ export async function serveHttp(gateway: Gateway, logger: Logger, host: string, 
   });
   const serveModern = toNodeHandler(modern);
   const stopNotifying = gateway.onToolsChanged(() => modern.notify.toolsChanged());
+  const stopStreams = gateway.fanout.addStreams(modern.notify);
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const path = new URL(req.url ?? "/", "http://gateway").pathname;
-    if (path !== "/mcp") {
-      res.writeHead(404, { "Content-Type": "text/plain" }).end("not found\n");
-      return;
+    if (hostCheck !== undefined) {
+      if (!hostCheck.hostAllowed(req.headers.host)) {
+        logger.log("info", "host_refused", { host: req.headers.host ?? "" });
+        jsonRpcError(res, 421, JSONRPC_INVALID_REQUEST, "the Host header names no host this gateway answers to");
+        return;
+      }
+      if (!hostCheck.originAllowed(headerValue(req.headers.origin))) {
+        logger.log("info", "origin_refused", { origin: headerValue(req.headers.origin) });
+        jsonRpcError(res, 403, JSONRPC_INVALID_REQUEST, "the Origin header names no origin this gateway answers to");
+        return;
+      }
     }
     const token = bearerToken(req.headers.authorization);
     if (token === undefined) {
       res
         .writeHead(401, { "WWW-Authenticate": "Bearer", "Content-Type": "application/json" })
         .end(JSON.stringify({ error: "unauthorized", error_description: "an Authorization: Bearer token is required" }));
+      return;
+    }
+    const path = new URL(req.url ?? "/", "http://gateway").pathname;
+    if (path !== "/mcp") {
+      jsonRpcError(res, 404, JSONRPC_INVALID_REQUEST, "not found: MCP is served at /mcp");
       return;
     }
     // The SDK hands this to every handler as `extra.authInfo`.
@@ -92,7 +138,11 @@ export async function serveHttp(gateway: Gateway, logger: Logger, host: string, 
       try {
         body = JSON.parse(text);
       } catch {
-        jsonRpcError(res, 400, -32700, "Parse error: the body is not JSON");
+        jsonRpcError(res, 400, JSONRPC_PARSE_ERROR, "Parse error: the body is not JSON");
+        return;
+      }
+      if (depthOf(body) > MAX_DEPTH) {
+        jsonRpcError(res, 400, JSONRPC_PARSE_ERROR, `Parse error: the body is nested deeper than ${MAX_DEPTH} levels`);
         return;
       }
       const disagreement = headerDisagreement(
@@ -135,8 +185,10 @@ export async function serveHttp(gateway: Gateway, logger: Logger, host: string, 
       });
       const server = gateway.serverFor(credentialOf);
       const stop = gateway.onToolsChanged(() => void server.sendToolListChanged());
+      const untrack = gateway.fanout.track(server);
       transport.onclose = () => {
         stop();
+        untrack();
         if (transport.sessionId !== undefined) {
           sessions.delete(transport.sessionId);
           logger.log("info", "session_closed", { session: transport.sessionId });
@@ -168,6 +220,7 @@ export async function serveHttp(gateway: Gateway, logger: Logger, host: string, 
     url,
     async close() {
       stopNotifying();
+      stopStreams();
       await modern.close();
       await Promise.allSettled([...sessions.values()].map((s) => s.transport.close()));
       sessions.clear();

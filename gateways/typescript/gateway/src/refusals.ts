@@ -108,6 +108,16 @@ export function upstreamFailed(decisionId: string, detail: string): Refusal {
   });
 }
 
+/** A resource or prompt that no upstream the caller reaches serves, or that is not relayed. */
+export function unknownTarget(kind: "resource" | "prompt", name: string, listingId: string): Refusal {
+  const message = `no ${kind} \`${name}\` is relayed to this caller`;
+  return new Refusal(JSONRPC_UNKNOWN_TOOL, `denied: unknown_${kind}: ${message}`, {
+    code: `unknown_${kind}`,
+    message,
+    ...(listingId !== "" && { decision_id: listingId }),
+  });
+}
+
 /** `tools/list` for a caller capgate could not identify. */
 export function listingUnauthenticated(problem: string, message: string): Refusal {
   return denied({ code: "unauthenticated", problem, message });

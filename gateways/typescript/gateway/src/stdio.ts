@@ -30,10 +30,12 @@ export function serveStdio(gateway: Gateway, env: NodeJS.ProcessEnv, logger: Log
       // probe instance): each listens for policy changes until it closes.
       const server = gateway.serverFor(() => credential);
       const stop = gateway.onToolsChanged(() => void server.sendToolListChanged());
+      const untrack = gateway.fanout.track(server);
       const previous = server.onclose;
       server.onclose = () => {
         previous?.();
         stop();
+        untrack();
       };
       return server;
     },

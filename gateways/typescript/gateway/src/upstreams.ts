@@ -3,6 +3,12 @@
 //! credential reaches a stdio child as `MCP_UPSTREAM_CREDENTIAL` and an HTTP
 //! upstream as `Authorization: Bearer`. A session that fails at transport
 //! level is dropped, so the next call opens a fresh one.
+//!
+//! Every request to an upstream, opening its session included, has one
+//! deadline (`--upstream-timeout`): an upstream that never answers is an
+//! UpstreamFailure then, and its session is dropped. What an upstream says on
+//! its own (its notifications) goes to `onNotification` with the session's
+//! key, for the gateway to pass on to the callers it concerns.
 
 import { createHash } from "node:crypto";
 import {
@@ -15,6 +21,8 @@ import {
 import { StdioClientTransport, getDefaultEnvironment } from "@modelcontextprotocol/client/stdio";
 import type { ToolRoute } from "@capgate/client";
 import type { Logger } from "./log.js";
+
+export const DEFAULT_UPSTREAM_TIMEOUT_MS = 60_000;
 
 /** The upstream could not be reached, or failed the call at transport level. */
 export class UpstreamFailure extends Error {
@@ -33,14 +41,29 @@ export class UpstreamError extends Error {
   }
 }
 
+/** How to reach an upstream: a policy route's transport, or a `--relay` entry's. */
+export type UpstreamTransport = ToolRoute["transport"];
+
+/** One session each: "<upstream id>\0<account id>". */
+export type SessionKey = string;
+
+export const sessionKey = (upstream: string, accountId: string): SessionKey => `${upstream}\u0000${accountId}`;
+
+/** A notification an upstream sent on its own: its method and params, as the SDK parsed them. */
+export interface UpstreamNotification {
+  readonly method: string;
+  readonly params?: Record<string, unknown> | undefined;
+}
+
+export type OnNotification = (key: SessionKey, notification: UpstreamNotification) => void;
+
 interface Session {
   /** What the session was opened with; another route or credential opens a new one. */
   readonly fingerprint: string;
   readonly client: Promise<Client>;
 }
 
-function transportFor(route: ToolRoute, credential: string): Transport {
-  const target = route.transport;
+function transportFor(target: UpstreamTransport, credential: string): Transport {
   if (target.kind === "stdio") {
     // The child gets the SDK's minimal environment (PATH, HOME, …) and the
     // credential, not the gateway's own environment (VAULT_TOKEN and the like).
@@ -57,19 +80,26 @@ function transportFor(route: ToolRoute, credential: string): Transport {
 }
 
 /** A route's identity: the same upstream id may move (a new policy version). */
-function fingerprintOf(route: ToolRoute, credential: string): string {
+function fingerprintOf(target: UpstreamTransport, credential: string): string {
   // Hashed, so that the pool holds no second copy of the credential.
-  return createHash("sha256").update(JSON.stringify([route.transport, credential])).digest("hex");
+  return createHash("sha256").update(JSON.stringify([target, credential])).digest("hex");
 }
 
+/** The SDK's own notifications about the connection, not news from the upstream. */
+const CONNECTION_NOTIFICATIONS = new Set(["notifications/cancelled", "notifications/progress"]);
 
 export class UpstreamPool {
-  readonly #sessions = new Map<string, Session>();
+  readonly #sessions = new Map<SessionKey, Session>();
 
   constructor(
     private readonly logger: Logger,
+    private readonly options: { timeoutMs?: number; onNotification?: OnNotification } = {},
     private readonly clientInfo = { name: "capgate-gateway", version: "0.1.0" },
   ) {}
+
+  get timeoutMs(): number {
+    return this.options.timeoutMs ?? DEFAULT_UPSTREAM_TIMEOUT_MS;
+  }
 
   /** Calls `route.name` at its upstream as `accountId`; throws UpstreamFailure or UpstreamError. */
   async call(
@@ -78,28 +108,51 @@ export class UpstreamPool {
     credential: string,
     args: Record<string, unknown> | undefined,
   ): Promise<CallToolResult> {
-    const key = `${route.upstream}\u0000${accountId}`;
-    const session = this.#session(key, route, accountId, credential);
+    return this.request(route.upstream, route.transport, accountId, credential, (client, options) =>
+      client.callTool({ name: route.name, ...(args && { arguments: args }) }, options),
+    ) as Promise<CallToolResult>;
+  }
+
+  /**
+   * `send` on the session of (upstream, account), opened first when there is
+   * none, within the pool's deadline. A JSON-RPC error the upstream answers is
+   * an UpstreamError (relayed as it is); anything else an UpstreamFailure.
+   */
+  async request<T>(
+    upstream: string,
+    target: UpstreamTransport,
+    accountId: string,
+    credential: string,
+    send: (client: Client, options: { timeout: number; signal: AbortSignal }) => Promise<T>,
+  ): Promise<T> {
+    const key = sessionKey(upstream, accountId);
+    const deadline = AbortSignal.timeout(this.timeoutMs);
+    const session = this.#session(key, upstream, target, accountId, credential);
     let client: Client;
     try {
-      client = await session.client;
+      client = await beforeDeadline(session.client, deadline);
     } catch (error) {
-      throw new UpstreamFailure(`cannot open a session with upstream \`${route.upstream}\`: ${describe(error)}`);
+      if (deadline.aborted) {
+        this.#drop(key, session);
+        throw new UpstreamFailure(`upstream \`${upstream}\` did not start in ${this.timeoutMs / 1000}s`);
+      }
+      throw new UpstreamFailure(`cannot open a session with upstream \`${upstream}\`: ${describe(error)}`);
     }
     try {
-      return (await client.callTool({ name: route.name, ...(args && { arguments: args }) })) as CallToolResult;
+      return await beforeDeadline(send(client, { timeout: this.timeoutMs, signal: deadline }), deadline);
     } catch (error) {
       // A JSON-RPC error the upstream answered is relayed; anything else
       // (the SDK's own SdkError: connection closed, timeout, HTTP failure)
       // is the transport failing.
       if (error instanceof ProtocolError) throw new UpstreamError(error.code, error.message, error.data);
       this.#drop(key, session);
-      throw new UpstreamFailure(`upstream \`${route.upstream}\` failed the call: ${describe(error)}`);
+      if (deadline.aborted) throw new UpstreamFailure(`upstream \`${upstream}\` did not answer in ${this.timeoutMs / 1000}s`);
+      throw new UpstreamFailure(`upstream \`${upstream}\` failed the call: ${describe(error)}`);
     }
   }
 
-  #session(key: string, route: ToolRoute, accountId: string, credential: string): Session {
-    const fingerprint = fingerprintOf(route, credential);
+  #session(key: SessionKey, upstream: string, target: UpstreamTransport, accountId: string, credential: string): Session {
+    const fingerprint = fingerprintOf(target, credential);
     let session = this.#sessions.get(key);
     if (session !== undefined && session.fingerprint !== fingerprint) {
       this.#sessions.delete(key);
@@ -107,35 +160,40 @@ export class UpstreamPool {
       session = undefined;
     }
     if (session === undefined) {
-      const opening = this.#open(route, credential);
-      session = { fingerprint, client: opening };
-      this.#sessions.set(key, session);
-      this.logger.log("info", "upstream_session_opening", { upstream: route.upstream, account: accountId });
+      const opening = this.#open(key, target, credential);
+      const opened: Session = { fingerprint, client: opening };
+      session = opened;
+      this.#sessions.set(key, opened);
+      this.logger.log("info", "upstream_session_opening", { upstream, account: accountId });
       opening.then(
         (client) => {
           // A child that exits, or a connection that closes, ends the session.
           client.onclose = () => {
-            if (this.#sessions.get(key) === session) this.#sessions.delete(key);
-            this.logger.log("info", "upstream_session_closed", { upstream: route.upstream, account: accountId });
+            if (this.#sessions.get(key) === opened) this.#sessions.delete(key);
+            this.logger.log("info", "upstream_session_closed", { upstream, account: accountId });
           };
         },
         () => {
-          if (this.#sessions.get(key) === session) this.#sessions.delete(key);
+          if (this.#sessions.get(key) === opened) this.#sessions.delete(key);
         },
       );
     }
     return session;
   }
 
-  async #open(route: ToolRoute, credential: string): Promise<Client> {
+  async #open(key: SessionKey, target: UpstreamTransport, credential: string): Promise<Client> {
     // `auto`: a 2026-07-28 upstream is spoken to in its revision, a 2025 one
     // through the initialize handshake.
     const client = new Client(this.clientInfo, { versionNegotiation: { mode: "auto" } });
-    await client.connect(transportFor(route, credential));
+    client.fallbackNotificationHandler = async (notification) => {
+      if (CONNECTION_NOTIFICATIONS.has(notification.method)) return;
+      this.options.onNotification?.(key, notification as UpstreamNotification);
+    };
+    await client.connect(transportFor(target, credential), { timeout: this.timeoutMs });
     return client;
   }
 
-  #drop(key: string, session: Session): void {
+  #drop(key: SessionKey, session: Session): void {
     if (this.#sessions.get(key) === session) this.#sessions.delete(key);
     void session.client.then((c) => c.close()).catch(() => undefined);
   }
@@ -150,6 +208,25 @@ export class UpstreamPool {
     this.#sessions.clear();
     await Promise.allSettled(sessions.map(async (s) => (await s.client).close()));
   }
+}
+
+/** `work`, or a rejection once `deadline` fires, whichever comes first. */
+function beforeDeadline<T>(work: Promise<T>, deadline: AbortSignal): Promise<T> {
+  if (deadline.aborted) return Promise.reject(deadline.reason);
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(deadline.reason);
+    deadline.addEventListener("abort", onAbort, { once: true });
+    work.then(
+      (value) => {
+        deadline.removeEventListener("abort", onAbort);
+        resolve(value);
+      },
+      (error: unknown) => {
+        deadline.removeEventListener("abort", onAbort);
+        reject(error);
+      },
+    );
+  });
 }
 
 /**

@@ -2,6 +2,7 @@
 
     --capgate URL  --gateway-token-file FILE  [--ca-file FILE]
     (--listen HOST:PORT | --stdio)  [--issuer ID]  [--decide-timeout SECONDS]
+    [--upstream-timeout SECONDS]  [--relay FILE]  [--allowed-host HOST]…  [--allowed-origin ORIGIN]…
 """
 
 from __future__ import annotations
@@ -10,17 +11,21 @@ import argparse
 import os
 import socket
 import sys
+import warnings
 from pathlib import Path
 
 import anyio
 import uvicorn
 from capgate_client import CapgateClient, Credential, PolicyRevision
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPDeprecationWarning
 
 from capgate_gateway import logs
-from capgate_gateway.edge import Edge
+from capgate_gateway.edge import Edge, HostCheck
 from capgate_gateway.gateway import Gateway, StdioCaller
+from capgate_gateway.relay import Fanout, RelayConfigError, RelayedUpstream, load_config
 from capgate_gateway.secrets import SecretResolver
-from capgate_gateway.upstreams import UpstreamPool
+from capgate_gateway.upstreams import DEFAULT_TIMEOUT_SECONDS, UpstreamPool
 from capgate_gateway.watch import follow_policy
 
 
@@ -38,11 +43,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--stdio", action="store_true", help="serve MCP over stdio")
     parser.add_argument("--issuer", default="", help="issuer hint sent as Credential.issuer")
     parser.add_argument("--decide-timeout", type=float, default=2.0, metavar="SECONDS")
+    parser.add_argument(
+        "--upstream-timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS, metavar="SECONDS",
+        help="deadline of every request to an upstream, opening its session included",
+    )
+    parser.add_argument("--relay", metavar="FILE", help="the upstreams whose resources, prompts, … are relayed (JSON)")
+    parser.add_argument(
+        "--allowed-host", action="append", default=[], metavar="HOST",
+        help="a Host this gateway answers to (repeatable; default for a loopback --listen: localhost, 127.0.0.1, ::1)",
+    )
+    parser.add_argument(
+        "--allowed-origin", action="append", default=[], metavar="ORIGIN",
+        help="an Origin accepted besides those of the allowed hosts (repeatable)",
+    )
     args = parser.parse_args(argv)
     if not args.capgate:
         parser.error("--capgate (or CAPGATE_URL) is required")
     if args.decide_timeout <= 0:
         parser.error("--decide-timeout must be above 0")
+    if args.upstream_timeout <= 0:
+        parser.error("--upstream-timeout must be above 0")
+    try:
+        args.relayed = load_config(Path(args.relay)) if args.relay else ()
+    except RelayConfigError as error:
+        parser.error(f"--relay: {error}")
     return args
 
 
@@ -66,9 +90,11 @@ async def run(args: argparse.Namespace) -> None:
     token = _token(args.gateway_token_file)
     async with CapgateClient(args.capgate, token=token, ca_file=args.ca_file, timeout=args.decide_timeout) as capgate:
         secrets = SecretResolver()
+        fanout = Fanout()
+        relayed: tuple[RelayedUpstream, ...] = args.relayed
         try:
             async with anyio.create_task_group() as tg:
-                upstreams = UpstreamPool(tg)
+                upstreams = UpstreamPool(tg, timeout=args.upstream_timeout, on_notification=fanout.deliver)
                 gateway = Gateway(
                     capgate,
                     secrets,
@@ -76,6 +102,8 @@ async def run(args: argparse.Namespace) -> None:
                     issuer=args.issuer,
                     decide_timeout=args.decide_timeout,
                     stdio_caller=_stdio_caller() if args.stdio else None,
+                    relayed=relayed,
+                    fanout=fanout,
                 )
 
                 async def on_change(revision: PolicyRevision) -> None:
@@ -87,7 +115,7 @@ async def run(args: argparse.Namespace) -> None:
                     if args.stdio:
                         await _serve_stdio(gateway)
                     else:
-                        await _serve_http(gateway, args.listen)
+                        await _serve_http(gateway, args.listen, args.allowed_host, args.allowed_origin)
                 finally:
                     await upstreams.aclose()
                     tg.cancel_scope.cancel()
@@ -116,7 +144,7 @@ class _Uvicorn(uvicorn.Server):
             logs.emit_raw({"event": "listening", "url": self._url})
 
 
-async def _serve_http(gateway: Gateway, listen: str) -> None:
+async def _serve_http(gateway: Gateway, listen: str, hosts: list[str], origins: list[str]) -> None:
     host, _, port = listen.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -126,14 +154,23 @@ async def _serve_http(gateway: Gateway, listen: str) -> None:
     bound_port = sock.getsockname()[1]
     shown_host = f"[{host}]" if family == socket.AF_INET6 else host
     url = f"http://{shown_host}:{bound_port}/mcp"
-    app = gateway.server.streamable_http_app(streamable_http_path="/mcp", host=host)
-    config = uvicorn.Config(Edge(app), log_config=None, access_log=False, lifespan="on", log_level="warning")
+    # The edge checks Host and Origin itself, with the same rules as the TypeScript gateway;
+    # the SDK's own check (loopback binds only) is turned off so that there is one rule.
+    app = gateway.server.streamable_http_app(
+        streamable_http_path="/mcp", host=host,
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+    )
+    edge = Edge(app, HostCheck.for_bind(host, hosts, origins))
+    config = uvicorn.Config(edge, log_config=None, access_log=False, lifespan="on", log_level="warning")
     server = _Uvicorn(config, url)
     await server.serve(sockets=[sock])
 
 
 def main(argv: list[str] | None = None) -> None:
     logs.configure()
+    # Relaying 2025-era features (logging, resources/subscribe) to the upstreams that speak
+    # them is the point; the SDK's warnings that 2026-07-28 deprecates them are not for stderr.
+    warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
     args = parse_args(argv)
     try:
         anyio.run(run, args)

@@ -55,6 +55,11 @@ def unknown_tool(answer: UnknownTool) -> MCPError:
     return _error(UNKNOWN_TOOL, "unknown_tool", message, decision_id=answer.decision_id)
 
 
+def unknown_target(kind: str, name: str, listing_id: str = "") -> MCPError:
+    """A resource or prompt that no upstream the caller reaches serves (or that is not relayed)."""
+    return _error(UNKNOWN_TOOL, f"unknown_{kind}", f"no {kind} `{name}` is relayed to this caller", decision_id=listing_id)
+
+
 def capgate_unavailable(reason: str) -> MCPError:
     return _error(DENIED, "capgate_unavailable", reason)
 

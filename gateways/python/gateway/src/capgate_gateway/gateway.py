@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,11 +31,21 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.subscriptions import ListenHandler, ToolsListChanged
+from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from capgate_gateway import denials, logs
 from capgate_gateway.edge import bearer_token
+from capgate_gateway.relay import (
+    Fanout,
+    Reach,
+    Relay,
+    RelayedUpstream,
+    list_resource_templates,
+    list_resources,
+    prompt_route,
+)
 from capgate_gateway.secrets import CredentialError, SecretResolver, scheme_of
 from capgate_gateway.upstreams import UpstreamError, UpstreamPool
 
@@ -58,6 +67,8 @@ class Gateway:
         issuer: str = "",
         decide_timeout: float = 2.0,
         stdio_caller: StdioCaller | None = None,
+        relayed: tuple[RelayedUpstream, ...] = (),
+        fanout: Fanout | None = None,
     ) -> None:
         self.capgate = capgate
         self.secrets = secrets
@@ -65,12 +76,11 @@ class Gateway:
         self.issuer = issuer
         self.decide_timeout = decide_timeout
         self.stdio_caller = stdio_caller
-        # Handshake-era (≤ 2025-11-25) connections get list_changed on their own stream; the
-        # SDK hands handlers a per-request session, so the connection behind it is kept,
-        # weakly, to reach every open one. 2026-07-28 clients subscribe instead
-        # (`subscriptions/listen`), served from the bus.
-        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.bus = InMemorySubscriptionBus()
+        # Who hears list changes and what upstreams say: handshake connections and the
+        # 2026-07-28 subscriptions/listen streams (the same object the pool delivers to).
+        self.fanout = fanout or Fanout()
+        self.bus = self.fanout.bus
+        self.relay = Relay(relayed, capgate, secrets, upstreams, self.fanout, decide_timeout=decide_timeout)
         self.server = self._build_server()
 
     # ── the MCP server ───────────────────────────────────────────────────────
@@ -88,23 +98,46 @@ class Gateway:
             # 2026-07-28 call to validate Mcp-Param headers; our tools declare none.
             get_tool_input_schema=lambda _name: None,
         )
+        # Closed by default: a feature no relayed upstream opens has no handler, so the SDK
+        # answers -32601 and does not advertise it.
+        handlers: dict[str, list[tuple[str, type[Any], Any]]] = {
+            "resources": [
+                ("resources/list", types.PaginatedRequestParams, self._list_resources),
+                ("resources/templates/list", types.PaginatedRequestParams, self._list_resource_templates),
+                ("resources/read", types.ReadResourceRequestParams, self._read_resource),
+                ("resources/subscribe", types.SubscribeRequestParams, self._subscribe),
+                ("resources/unsubscribe", types.UnsubscribeRequestParams, self._unsubscribe),
+            ],
+            "prompts": [
+                ("prompts/list", types.PaginatedRequestParams, self._list_prompts),
+                ("prompts/get", types.GetPromptRequestParams, self._get_prompt),
+            ],
+            "completions": [("completion/complete", types.CompleteRequestParams, self._complete)],
+            "logging": [("logging/setLevel", types.SetLevelRequestParams, self._set_logging_level)],
+        }
+        for feature in self.relay.features:
+            for method, params_type, handler in handlers[feature]:
+                server.add_request_handler(method, params_type, handler)
         server.middleware.append(self._track_connection)
         return server
 
     def initialization_options(self) -> InitializationOptions:
-        return self.server.create_initialization_options(NotificationOptions(tools_changed=True))
+        features = self.relay.features
+        return self.server.create_initialization_options(NotificationOptions(
+            tools_changed=True, resources_changed="resources" in features, prompts_changed="prompts" in features,
+        ))
 
     async def _track_connection(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-            connection = getattr(ctx.session, "_connection", None)
+            connection = _connection(ctx)
             if connection is not None:
-                self._connections.add(connection)
+                self.fanout.connections.add(connection)
         return await call_next(ctx)
 
     async def tools_changed(self) -> int:
         """Tell every open session its tools may have changed; returns how many were told."""
         told = 0
-        for connection in list(self._connections):
+        for connection in list(self.fanout.connections):
             await connection.send_tool_list_changed()
             told += 1
         await self.bus.publish(ToolsListChanged())
@@ -202,6 +235,119 @@ class Gateway:
         )
         return result
 
+    # ── what is not a tool (relay.py) ────────────────────────────────────────
+
+    async def _list_resources(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        reaches = await self.relay.reach(self._credential(ctx), "resources", "resources/list")
+        resources = await self.relay.gather(
+            reaches, "resources/list", list_resources, lambda p: p.resources
+        )
+        return types.ListResourcesResult(resources=resources)
+
+    async def _list_resource_templates(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        reaches = await self.relay.reach(self._credential(ctx), "resources", "resources/templates/list")
+        templates = await self.relay.gather(
+            reaches, "resources/templates/list", list_resource_templates, lambda p: p.resource_templates
+        )
+        return types.ListResourceTemplatesResult(resource_templates=templates)
+
+    async def _resource(self, ctx: ServerRequestContext[Any, Any], method: str, uri: str) -> Reach:
+        reaches = await self.relay.reach(self._credential(ctx), "resources", method)
+        reach = await self.relay.route_resource(reaches, uri)
+        if reach is None:
+            logs.event("relay_refused", method=method, code="unknown_resource", target=uri,
+                       listing_id=reaches[0].listing_id if reaches else None)
+            raise denials.unknown_target("resource", uri, reaches[0].listing_id if reaches else "")
+        return reach
+
+    async def _read_resource(
+        self, ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        reach = await self._resource(ctx, "resources/read", params.uri)
+        return await self.relay.send(reach, "resources/read", params.uri, lambda c: c.read_resource(params.uri))
+
+    async def _subscribe(self, ctx: ServerRequestContext[Any, Any], params: types.SubscribeRequestParams) -> types.EmptyResult:
+        reach = await self._resource(ctx, "resources/subscribe", params.uri)
+        result = await self.relay.send(
+            reach, "resources/subscribe", params.uri, lambda c: c.session.subscribe_resource(params.uri)
+        )
+        if (connection := _connection(ctx)) is not None:
+            self.fanout.subscribe(reach.key, params.uri, connection)
+        return result
+
+    async def _unsubscribe(
+        self, ctx: ServerRequestContext[Any, Any], params: types.UnsubscribeRequestParams
+    ) -> types.EmptyResult:
+        reach = await self._resource(ctx, "resources/unsubscribe", params.uri)
+        connection = _connection(ctx)
+        if connection is not None and not self.fanout.unsubscribe(reach.key, params.uri, connection):
+            # Another session of this upstream and account still listens: the upstream keeps it.
+            logs.event("relayed", method="resources/unsubscribe", upstream=reach.upstream.id, account=reach.account.id,
+                       listing_id=reach.listing_id, target=params.uri, kept_for_others=True)
+            return types.EmptyResult()
+        return await self.relay.send(
+            reach, "resources/unsubscribe", params.uri, lambda c: c.session.unsubscribe_resource(params.uri)
+        )
+
+    async def _list_prompts(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListPromptsResult:
+        reaches = await self.relay.reach(self._credential(ctx), "prompts", "prompts/list")
+        prompts: list[types.Prompt] = []
+        for reach in reaches:
+            listed = await self.relay.gather(
+                [reach], "prompts/list", lambda c, cursor: c.list_prompts(cursor=cursor), lambda p: p.prompts
+            )
+            prompts.extend(p.model_copy(update={"name": f"{reach.upstream.id}__{p.name}"}) for p in listed)
+        return types.ListPromptsResult(prompts=prompts)
+
+    async def _prompt(self, ctx: ServerRequestContext[Any, Any], feature: str, method: str, name: str) -> tuple[Reach, str]:
+        reaches = await self.relay.reach(self._credential(ctx), feature, method)
+        route = prompt_route(reaches, name)
+        if route is None:
+            listing_id = reaches[0].listing_id if reaches else ""
+            logs.event("relay_refused", method=method, code="unknown_prompt", target=name, listing_id=listing_id or None)
+            raise denials.unknown_target("prompt", name, listing_id)
+        return route
+
+    async def _get_prompt(self, ctx: ServerRequestContext[Any, Any], params: types.GetPromptRequestParams) -> types.GetPromptResult:
+        reach, inner = await self._prompt(ctx, "prompts", "prompts/get", params.name)
+        return await self.relay.send(reach, "prompts/get", params.name, lambda c: c.get_prompt(inner, params.arguments))
+
+    async def _complete(self, ctx: ServerRequestContext[Any, Any], params: types.CompleteRequestParams) -> types.CompleteResult:
+        argument = {"name": params.argument.name, "value": params.argument.value}
+        context = params.context.arguments if params.context else None
+        if isinstance(params.ref, types.PromptReference):
+            reach, inner = await self._prompt(ctx, "completions", "completion/complete", params.ref.name)
+            ref: types.PromptReference | types.ResourceTemplateReference = params.ref.model_copy(update={"name": inner})
+            target = params.ref.name
+        else:
+            reaches = await self.relay.reach(self._credential(ctx), "completions", "completion/complete")
+            found = await self.relay.route_resource(reaches, params.ref.uri)
+            if found is None:
+                raise denials.unknown_target("resource", params.ref.uri, reaches[0].listing_id if reaches else "")
+            reach, ref, target = found, params.ref, params.ref.uri
+        return await self.relay.send(reach, "completion/complete", target, lambda c: c.complete(ref, argument, context))
+
+    async def _set_logging_level(
+        self, ctx: ServerRequestContext[Any, Any], params: types.SetLevelRequestParams
+    ) -> types.EmptyResult:
+        reaches = await self.relay.reach(self._credential(ctx), "logging", "logging/setLevel")
+        connection = _connection(ctx)
+        for reach in reaches:
+            try:
+                await self.relay.send(reach, "logging/setLevel", params.level,
+                                      lambda c: c.session.set_logging_level(params.level))
+            except MCPError:
+                continue  # logged by send; the other upstreams still log
+            if connection is not None:
+                self.fanout.listen_logs(reach.key, connection)
+        return types.EmptyResult()
+
     async def _note(self, decision_id: str, kind: NoteKind, detail: str) -> None:
         try:
             await self.capgate.note_decision(decision_id, kind, detail[:1024], timeout=self.decide_timeout)
@@ -209,6 +355,11 @@ class Gateway:
             logs.event("note_unimplemented", logging.WARNING, decision_id=decision_id, kind=str(kind))
         except CapgateError as error:
             logs.event("note_failed", logging.WARNING, decision_id=decision_id, kind=str(kind), status=error.status)
+
+
+def _connection(ctx: ServerRequestContext[Any, Any]) -> Any:
+    """The connection behind a handler's per-request session (the SDK has no public way to it)."""
+    return getattr(ctx.session, "_connection", None)
 
 
 def _schema(text: str) -> dict[str, Any]:

@@ -5,15 +5,21 @@ A stdio upstream is started with the tool's command and args and gets the creden
 gateway's own secrets never reach it); an HTTP upstream gets `Authorization: Bearer`.
 Each session lives in its own task (the SDK's context managers must be entered and left
 in one task) and is replaced when it fails or when the account's credential changes.
+
+Every request to an upstream — opening its session included — has one deadline,
+`--upstream-timeout`: an upstream that never answers is `upstream_failed` then, not later.
+What an upstream says on its own (its notifications) goes to `on_notification` with the
+session's key, so that the gateway can pass it on to the callers it concerns.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from hashlib import sha256
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import httpx2
@@ -30,6 +36,14 @@ from capgate_gateway import logs
 # The SDK raises these codes itself when the transport fails (the peer went away, or
 # did not answer in time); any other JSON-RPC error is the upstream's answer, relayed.
 _TRANSPORT_CODES = {mcp_types.CONNECTION_CLOSED, mcp_types.REQUEST_TIMEOUT}
+
+DEFAULT_TIMEOUT_SECONDS = 60.0
+
+T = TypeVar("T")
+Key = tuple[str, str]
+"""(upstream id, account id): one session each."""
+Transport = StdioTransport | HttpTransport
+OnNotification = Callable[[Key, Any], Awaitable[None]]
 
 
 def _cause(error: BaseException) -> str:
@@ -54,33 +68,55 @@ class _Session:
     stop: anyio.Event = field(default_factory=anyio.Event)
 
 
+async def _ignore(_key: Key, _notification: Any) -> None:
+    return None
+
+
 class UpstreamPool:
-    def __init__(self, task_group: TaskGroup, *, connect_timeout: float = 20.0, call_timeout: float = 60.0) -> None:
+    def __init__(
+        self, task_group: TaskGroup, *, timeout: float = DEFAULT_TIMEOUT_SECONDS, on_notification: OnNotification = _ignore
+    ) -> None:
         self._tg = task_group
-        self._connect_timeout = connect_timeout
-        self._call_timeout = call_timeout
-        self._sessions: dict[tuple[str, str], _Session] = {}
-        self._locks: dict[tuple[str, str], anyio.Lock] = {}
+        self._timeout = timeout
+        self._on_notification = on_notification
+        self._sessions: dict[Key, _Session] = {}
+        self._locks: dict[Key, anyio.Lock] = {}
         self._devnull = open(os.devnull, "w")  # noqa: SIM115 - the children's stderr, for the pool's life
 
     async def call(self, route: ToolRoute, account_id: str, credential: str, arguments: dict[str, Any] | None) -> Any:
         """The upstream's CallToolResult for `route.name`, as the upstream gave it."""
-        key = (route.upstream, account_id)
-        session = await self._session(key, route, credential)
+        return await self.request(
+            route.upstream, route.transport, account_id, credential,
+            lambda client: client.call_tool(route.name, arguments),
+        )
+
+    async def request(
+        self, upstream: str, transport: Transport, account_id: str, credential: str,
+        send: Callable[[Client], Awaitable[T]],
+    ) -> T:
+        """`send` on the session of (upstream, account), opened first when there is none.
+
+        A JSON-RPC error the upstream answers is raised as the SDK's MCPError, to be relayed;
+        anything else is an UpstreamError.
+        """
+        key = (upstream, account_id)
+        session: _Session | None = None
         try:
-            with anyio.fail_after(self._call_timeout):
-                return await session.client.call_tool(route.name, arguments)
+            with anyio.fail_after(self._timeout):
+                session = await self._session(key, transport, credential)
+                return await send(session.client)
         except MCPError as error:
             if error.code in _TRANSPORT_CODES:
                 self._discard(key, session)
-                raise UpstreamError(f"the upstream `{route.upstream}` failed: {error.message}") from None
+                raise UpstreamError(f"the upstream `{upstream}` failed: {error.message}") from None
             raise
         except TimeoutError:
             self._discard(key, session)
-            raise UpstreamError(f"the upstream `{route.upstream}` did not answer in {self._call_timeout:g}s") from None
+            what = "start" if session is None else "answer"
+            raise UpstreamError(f"the upstream `{upstream}` did not {what} in {self._timeout:g}s") from None
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, httpx2.HTTPError) as error:
             self._discard(key, session)
-            raise UpstreamError(f"the upstream `{route.upstream}` failed ({_cause(error)})") from None
+            raise UpstreamError(f"the upstream `{upstream}` failed ({_cause(error)})") from None
 
     async def aclose(self) -> None:
         for session in list(self._sessions.values()):
@@ -88,13 +124,15 @@ class UpstreamPool:
         self._sessions.clear()
         self._devnull.close()
 
-    def _discard(self, key: tuple[str, str], session: _Session) -> None:
+    def _discard(self, key: Key, session: _Session | None) -> None:
+        if session is None:
+            return
         if self._sessions.get(key) is session:
             del self._sessions[key]
         session.stop.set()
 
-    async def _session(self, key: tuple[str, str], route: ToolRoute, credential: str) -> _Session:
-        fingerprint = sha256(f"{route.transport!r}\0{credential}".encode()).hexdigest()
+    async def _session(self, key: Key, transport: Transport, credential: str) -> _Session:
+        fingerprint = sha256(f"{transport!r}\0{credential}".encode()).hexdigest()
         async with self._locks.setdefault(key, anyio.Lock()):
             current = self._sessions.get(key)
             if current is not None and not current.closed.is_set() and current.fingerprint == fingerprint:
@@ -103,38 +141,40 @@ class UpstreamPool:
                 # Another credential (a refreshed token) or another transport: a new session.
                 self._discard(key, current)
             try:
-                with anyio.fail_after(self._connect_timeout):
-                    session = await self._tg.start(self._run, route, credential, fingerprint)
-            except TimeoutError:
-                raise UpstreamError(f"the upstream `{route.upstream}` did not start in {self._connect_timeout:g}s") from None
+                session = await self._tg.start(self._run, key, transport, credential, fingerprint)
             except UpstreamError:
                 raise
             except Exception as error:  # noqa: BLE001 - any failure to connect is the upstream's
-                raise UpstreamError(f"cannot connect to the upstream `{route.upstream}` ({_cause(error)})") from None
+                raise UpstreamError(f"cannot connect to the upstream `{key[0]}` ({_cause(error)})") from None
             self._sessions[key] = session
-            logs.event("upstream_connected", upstream=route.upstream, account=key[1])
+            logs.event("upstream_connected", upstream=key[0], account=key[1])
             return session
 
     async def _run(
-        self, route: ToolRoute, credential: str, fingerprint: str, *, task_status: TaskStatus[_Session]
+        self, key: Key, transport: Transport, credential: str, fingerprint: str, *, task_status: TaskStatus[_Session]
     ) -> None:
         session: _Session | None = None
+
+        async def on_message(message: Any) -> None:
+            if not isinstance(message, Exception):
+                await self._on_notification(key, message)
+
         try:
             async with AsyncExitStack() as stack:
-                transport = self._transport(stack, route.transport, credential)
-                client = await stack.enter_async_context(Client(transport, cache=None))
+                connection = self._transport(stack, transport, credential)
+                client = await stack.enter_async_context(Client(connection, cache=None, message_handler=on_message))
                 session = _Session(client, fingerprint)
                 task_status.started(session)
                 await session.stop.wait()
         except Exception as error:  # noqa: BLE001 - reported to the caller through start()
             if session is None:
                 raise
-            logs.event("upstream_closed", upstream=route.upstream, error=type(error).__name__)
+            logs.event("upstream_closed", upstream=key[0], error=type(error).__name__)
         finally:
             if session is not None:
                 session.closed.set()
 
-    def _transport(self, stack: AsyncExitStack, transport: StdioTransport | HttpTransport, credential: str) -> Any:
+    def _transport(self, stack: AsyncExitStack, transport: Transport, credential: str) -> Any:
         if isinstance(transport, StdioTransport):
             params = StdioServerParameters(
                 command=transport.command,
@@ -142,9 +182,11 @@ class UpstreamPool:
                 env=get_default_environment() | {"MCP_UPSTREAM_CREDENTIAL": credential},
             )
             return stdio_client(params, errlog=self._devnull)
+        # The pool's deadline bounds every request; the client's own read timeout only has to
+        # outlast it (and bounds a stream the gateway no longer waits on).
         http = httpx2.AsyncClient(
             headers={"Authorization": f"Bearer {credential}"},
-            timeout=httpx2.Timeout(30.0, read=300.0),
+            timeout=httpx2.Timeout(30.0, read=max(300.0, self._timeout)),
         )
         stack.push_async_callback(http.aclose)
         return streamable_http_client(transport.url, http_client=http)
