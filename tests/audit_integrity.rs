@@ -827,6 +827,7 @@ async fn the_writer_isolates_what_the_store_refuses() {
                 decision_id: record.decision_id.clone(),
                 response: vec![1, 2, 3],
                 at_ms: now,
+                fingerprint: Some([7; 32]),
             },
         )
     };
@@ -898,6 +899,7 @@ async fn data_errors_are_told_from_outages() {
             decision_id: sample(3, now).decision_id,
             response: Vec::new(),
             at_ms: now,
+            fingerprint: Some([7; 32]),
         },
     );
     assert!(refused_for_data(store.append_audit(&[], &[answer]).await));

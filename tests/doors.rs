@@ -13,7 +13,7 @@
 
 mod support;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -23,12 +23,9 @@ use capgate::wire::ext_mcp::ext_mcp_client::ExtMcpClient;
 use capgate::wire::ext_mcp::{authorization_error, mcp_request_result, AuthorizationError, McpRequest};
 use capgate::wire::proto::decision_service_client::DecisionServiceClient;
 use capgate::wire::proto::{credential, decide_request, decide_response, Credential, DecideRequest};
-use envoy_types::pb::envoy::service::auth::v3::attribute_context::{
-    HttpRequest, Peer, Request as HttpAttributes,
-};
 use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
 use envoy_types::pb::envoy::service::auth::v3::check_response::HttpResponse;
-use envoy_types::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest, CheckResponse};
+use envoy_types::pb::envoy::service::auth::v3::CheckResponse;
 use envoy_types::pb::google::protobuf::value::Kind as EnvoyKind;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -36,13 +33,14 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use prost_types::value::Kind;
-use prost_types::{Struct, Value as ProtoValue};
+use prost_types::Value as ProtoValue;
 use serde_json::{json, Value};
 use support::client::{principal, recorded_code, wait_serving, CATALOG, POLICY};
+use support::doors::{as_gateway, forwarded, http_addr, object, string, structure};
 use support::postgres::TestDatabase;
 use support::process::Serve;
 use tonic::transport::Channel;
-use tonic::{Code, Request};
+use tonic::Code;
 
 /// The one gateway, trusted to assert (so that every door may assert a principal, and ext_authz
 /// may forward a client certificate).
@@ -405,7 +403,7 @@ impl World {
         };
         let response = self
             .decisions
-            .decide(as_gateway(request))
+            .decide(as_gateway(request, GATEWAY_TOKEN))
             .await
             .expect("an answered Decide")
             .into_inner();
@@ -448,7 +446,7 @@ impl World {
         ]);
         let response = self
             .ext_authz
-            .check(as_gateway(request))
+            .check(as_gateway(request, GATEWAY_TOKEN))
             .await
             .expect("an answered Check")
             .into_inner();
@@ -493,7 +491,7 @@ impl World {
         };
         let result = self
             .ext_mcp
-            .check_request(as_gateway(request))
+            .check_request(as_gateway(request, GATEWAY_TOKEN))
             .await
             .expect("an answered CheckRequest")
             .into_inner();
@@ -567,49 +565,6 @@ impl World {
             })
             .await
             .expect("read the audit trail")
-    }
-}
-
-fn as_gateway<T>(message: T) -> Request<T> {
-    let mut request = Request::new(message);
-    request.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {GATEWAY_TOKEN}").parse().expect("ascii"),
-    );
-    request
-}
-
-/// The address `--http-listen` resolved to, from the start-up log line.
-fn http_addr(serve: &Serve) -> SocketAddr {
-    serve
-        .logs()
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .find(|line| line["fields"]["message"] == "serving AuthZEN")
-        .and_then(|line| line["fields"]["addresses"].as_str()?.parse().ok())
-        .unwrap_or_else(|| panic!("no AuthZEN address logged:\n{}", serve.logs()))
-}
-
-/// A forwarded HTTP request with these headers (names lower-case, as Envoy sends them).
-fn forwarded(headers: &[(&str, &str)]) -> CheckRequest {
-    CheckRequest {
-        attributes: Some(AttributeContext {
-            source: Some(Peer::default()),
-            request: Some(HttpAttributes {
-                http: Some(HttpRequest {
-                    method: "POST".into(),
-                    path: "/mcp".into(),
-                    host: "mcp.example.net".into(),
-                    headers: headers
-                        .iter()
-                        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
-                        .collect(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
     }
 }
 
@@ -733,27 +688,13 @@ fn recorded(record: &AuditRecord) -> Seen {
             outcome: Outcome::UnknownTool,
             code: Some(code.unwrap_or_else(|| "unknown_tool".to_owned())),
         },
-    }
-}
-
-fn string(text: &str) -> ProtoValue {
-    ProtoValue {
-        kind: Some(Kind::StringValue(text.to_owned())),
-    }
-}
-
-fn object(fields: &[(&str, ProtoValue)]) -> ProtoValue {
-    ProtoValue {
-        kind: Some(Kind::StructValue(structure(fields))),
-    }
-}
-
-fn structure(fields: &[(&str, ProtoValue)]) -> Struct {
-    Struct {
-        fields: fields
-            .iter()
-            .map(|(key, value)| ((*key).to_owned(), value.clone()))
-            .collect::<BTreeMap<_, _>>(),
+        // Every call here has a request id of its own: none is a retry or a reuse.
+        RecordOutcome::Replayed | RecordOutcome::RequestIdReused => {
+            panic!(
+                "a call of its own request id recorded as {}: {record:?}",
+                record.outcome
+            )
+        }
     }
 }
 

@@ -881,8 +881,18 @@ async fn a_retry_with_the_same_x_request_id_gets_the_same_answer_and_consumes_on
         next.response_headers["ratelimit"].starts_with("\"capgate\";r=0;"),
         "{next:?}"
     );
+    // Two decisions, and the retry recorded as a replay of the first.
     let audit = world.audit().await;
-    assert_eq!(audit.len(), 2, "{audit:#?}");
+    assert_eq!(audit.len(), 3, "{audit:#?}");
+    let replays: Vec<_> = audit
+        .iter()
+        .filter(|record| record.outcome == RecordOutcome::Replayed)
+        .collect();
+    assert_eq!(replays.len(), 1, "{audit:#?}");
+    assert_eq!(
+        replays[0].first_decision_id.as_deref(),
+        Some(first.headers["x-capgate-decision-id"].as_str())
+    );
     assert_eq!(
         world
             .record(&first.headers["x-capgate-decision-id"])

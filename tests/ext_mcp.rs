@@ -11,7 +11,9 @@ mod support;
 
 use std::collections::BTreeMap;
 
-use capgate::store::{AuditFilter, AuditRecord, CounterKey, Door, PostgresStore, Store, StoreOptions};
+use capgate::store::{
+    AuditFilter, AuditRecord, CounterKey, Door, PostgresStore, RecordOutcome, Store, StoreOptions,
+};
 use capgate::wire::ext_mcp::ext_mcp_client::ExtMcpClient;
 use capgate::wire::ext_mcp::{
     authorization_error, mcp_request_result, mcp_response_result, AuthorizationError, McpRequest, McpResponse,
@@ -299,17 +301,19 @@ async fn tools_calls_are_decided_and_audited_through_ext_mcp() {
         .expect_err("no tool name");
     assert_eq!(invalid.code(), authorization_error::Code::Invalid);
 
-    // The audit trail: one record per decision, each through this door.
+    // The audit trail: one record per decision, each through this door, and the retry's as a
+    // replay.
     let audit = world.audit().await;
+    let replays = audit
+        .iter()
+        .filter(|record| record.outcome == RecordOutcome::Replayed)
+        .count();
+    assert_eq!(replays, 1, "the retry is recorded as a replay");
     let decides: Vec<&AuditRecord> = audit
         .iter()
-        .filter(|record| record.kind.as_str() == "decide")
+        .filter(|record| record.kind.as_str() == "decide" && record.outcome != RecordOutcome::Replayed)
         .collect();
-    assert_eq!(
-        decides.len(),
-        8,
-        "one per decision, none for the retry or the passes"
-    );
+    assert_eq!(decides.len(), 8, "one per decision, none for the passes");
     assert!(decides.iter().all(|record| record.door == Door::ExtMcp));
     let by_id = |id: &str| {
         decides

@@ -18,7 +18,7 @@ mod support;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use capgate::store::{Actor, AuditFilter, CounterKey, Store};
+use capgate::store::{Actor, AuditFilter, AuditRecord, CounterKey, RecordOutcome, Store};
 use capgate::wire::proto::decision_service_client::DecisionServiceClient;
 use capgate::wire::proto::{DecideRequest, DecideResponse, ReasonCode};
 use tonic::transport::Channel;
@@ -284,11 +284,26 @@ async fn a_request_id_is_decided_once_across_replicas() {
         })
         .await
         .expect("read the audit trail");
+    // Every copy but the one that decided was answered with its answer: a replay of it.
+    let decided: Vec<&AuditRecord> = audit
+        .iter()
+        .filter(|record| record.outcome != RecordOutcome::Replayed)
+        .collect();
     assert_eq!(
-        audit.len(),
+        decided.len(),
         IDS,
         "one decision per request id, whichever replica took it"
     );
+    for replay in audit
+        .iter()
+        .filter(|record| record.outcome == RecordOutcome::Replayed)
+    {
+        let first = decided
+            .iter()
+            .find(|record| record.request_id == replay.request_id)
+            .unwrap_or_else(|| panic!("a replay of no decision: {replay:?}"));
+        assert_eq!(replay.first_decision_id.as_ref(), Some(&first.decision_id));
+    }
     let counter = store
         .read_usage(CounterKey {
             principal_id: "staff:ana",

@@ -22,8 +22,8 @@ use std::time::Duration;
 use capgate::service::{self, Config, ConfigError, PolicyFile, Running, StartError, Token};
 use capgate::store::{
     self, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Claim, CounterKey, CounterReading,
-    DecisionNote, ExpectedRevision, NewPolicy, PrunedPeriod, PublishOutcome, Remembered, SqliteStore, Store,
-    StoreError, StoreOptions, StoreResult, StoredPolicy,
+    DecisionNote, ExpectedRevision, NewPolicy, PrunedPeriod, PublishOutcome, RecordOutcome, Remembered,
+    SqliteStore, Store, StoreError, StoreOptions, StoreResult, StoredPolicy,
 };
 use capgate::wire::proto::decision_service_client::DecisionServiceClient;
 use capgate::wire::proto::policy_service_client::PolicyServiceClient;
@@ -253,11 +253,15 @@ impl Store for Flaky {
         &self,
         gateway: &str,
         request_id: &str,
+        fingerprint: &store::Fingerprint,
         now_ms: i64,
         stale_before_ms: i64,
     ) -> impl Future<Output = StoreResult<Claim>> + Send {
         self.inner
-            .claim_request(gateway, request_id, now_ms, stale_before_ms)
+            .claim_request(gateway, request_id, fingerprint, now_ms, stale_before_ms)
+    }
+    fn request_key(&self, candidate: &[u8; 32]) -> impl Future<Output = StoreResult<[u8; 32]>> + Send {
+        self.inner.request_key(candidate)
     }
     fn forget_requests(&self, before_ms: i64) -> impl Future<Output = StoreResult<u64>> + Send {
         self.inner.forget_requests(before_ms)
@@ -1079,15 +1083,25 @@ async fn a_retried_request_id_returns_the_original_and_consumes_nothing(kind: Ki
     assert_eq!(summary(&second).1, ReasonCode::Granted);
     let third = harness.decide(with_id("req-3")).await.unwrap();
     assert_eq!(summary(&third).1, ReasonCode::LimitExhausted);
-    // Each request id was recorded once.
+    // Each request id was decided once; the retry is recorded as a replay of req-1's decision.
     let audit = harness.audit().await;
-    assert_eq!(audit.len(), 3);
+    let decided: Vec<&AuditRecord> = audit
+        .iter()
+        .filter(|r| r.outcome != RecordOutcome::Replayed)
+        .collect();
+    assert_eq!(decided.len(), 3);
+    let first_records: Vec<&AuditRecord> = audit
+        .iter()
+        .filter(|r| r.request_id.as_deref() == Some("req-1"))
+        .collect();
+    assert_eq!(first_records.len(), 2, "{first_records:#?}");
+    let replay = first_records
+        .iter()
+        .find(|r| r.outcome == RecordOutcome::Replayed)
+        .expect("the retry's record");
     assert_eq!(
-        audit
-            .iter()
-            .filter(|r| r.request_id.as_deref() == Some("req-1"))
-            .count(),
-        1
+        replay.first_decision_id.as_deref(),
+        Some(first.decision_id.as_str())
     );
     harness.stop().await;
 }

@@ -28,8 +28,8 @@ use std::time::Duration;
 use capgate::store::retention::{self, Period};
 use capgate::store::{
     connect, ActivateOutcome, Activation, ActivationKind, Actor, AnyStore, AuditCursor, AuditFilter,
-    AuditGroup, AuditRecord, Claim, CommitGate, CounterAsk, CounterKey, CounterReading, Door, GroupKey,
-    NewPolicy, PostgresStore, PrunedPeriod, PublishOutcome, RecordCode, RecordKind, RecordOutcome,
+    AuditGroup, AuditRecord, Claim, CommitGate, CounterAsk, CounterKey, CounterReading, Door, Fingerprint,
+    GroupKey, NewPolicy, PostgresStore, PrunedPeriod, PublishOutcome, RecordCode, RecordKind, RecordOutcome,
     Remembered, RememberedEntry, SqliteStore, Store, StoreError, StoreOptions, StoredCounter, StoredPolicy,
     Tally, UsageReset,
 };
@@ -122,6 +122,7 @@ suite! {
         appending_again_changes_nothing,
         remembered_responses_round_trip,
         a_request_id_is_claimed_once,
+        the_request_key_is_drawn_once,
         expired_request_ids_are_forgotten,
         pruning_drops_whole_months_before_the_cutoff,
         a_dry_run_drops_nothing,
@@ -1084,6 +1085,7 @@ async fn audit_records_round_trip<S: Store>(store: S) {
         visible: Vec::new(),
         // Not the default, so that the column is seen to round-trip.
         door: Door::ExtAuthz,
+        first_decision_id: None,
     };
     // A listing's one record: how many capabilities it showed, and which (here all of them).
     let listing = AuditRecord {
@@ -1120,6 +1122,26 @@ async fn audit_records_round_trip<S: Store>(store: S) {
         issuer: Some("https://id.example".to_owned()),
         ..AuditRecord::default()
     };
+    // A retry answered with the first answer, and a reuse refused: each names the decision.
+    let replay = AuditRecord {
+        decision_id: "0190a000-0000-7000-8000-000000000005".to_owned(),
+        at_ms: 1_700_000_000_005,
+        request_id: Some("req-1".to_owned()),
+        gateway: "edge".to_owned(),
+        outcome: RecordOutcome::Replayed,
+        tool: Some("jira__get_issue".to_owned()),
+        first_decision_id: Some(full.decision_id.clone()),
+        ..AuditRecord::default()
+    };
+    let reused = AuditRecord {
+        decision_id: "0190a000-0000-7000-8000-000000000006".to_owned(),
+        outcome: RecordOutcome::RequestIdReused,
+        issuer: Some("https://id.example".to_owned()),
+        subject: Some("mallory".to_owned()),
+        tool: Some("jira__delete_issue".to_owned()),
+        at_ms: 1_700_000_000_006,
+        ..replay.clone()
+    };
     store
         .append_audit(
             &[
@@ -1127,6 +1149,8 @@ async fn audit_records_round_trip<S: Store>(store: S) {
                 bare.clone(),
                 refused_listing.clone(),
                 listing.clone(),
+                replay.clone(),
+                reused.clone(),
             ],
             &[],
         )
@@ -1134,7 +1158,7 @@ async fn audit_records_round_trip<S: Store>(store: S) {
         .expect("append");
     assert_eq!(
         store.query_audit(&all(10)).await.expect("query"),
-        vec![listing, refused_listing, full, bare]
+        vec![reused, replay, listing, refused_listing, full, bare]
     );
 }
 
@@ -1405,41 +1429,58 @@ async fn an_unreadable_stored_value_fails_the_read<S: Store>(store: S, raw: Raw)
     assert_eq!(store.query_audit(&all(10)).await.expect("query"), vec![good]);
 }
 
+/// The fingerprint of request `n` (docs/decisions/0027): a stand-in for the service's digest.
+const fn request(n: u8) -> Fingerprint {
+    [n; 32]
+}
+
 async fn a_request_id_is_claimed_once<S: Store>(store: S) {
-    let claim = |request_id: &'static str, now: i64| {
+    let claim_as = |request_id: &'static str, fingerprint: Fingerprint, now: i64| {
         let store = store.clone();
         async move {
             store
-                .claim_request("edge", request_id, now, now - 30_000)
+                .claim_request("edge", request_id, &fingerprint, now, now - 30_000)
                 .await
                 .expect("claim")
         }
     };
+    let claim = |request_id: &'static str, now: i64| claim_as(request_id, request(1), now);
+    let held_by = |n: u8| Claim::Taken {
+        fingerprint: Some(request(n)),
+    };
     assert_eq!(claim("req-1", 100_000).await, Claim::Won);
-    // Held, not answered yet: whoever comes next waits for the answer.
-    assert_eq!(claim("req-1", 100_010).await, Claim::Taken);
+    // Held, not answered yet: whoever comes next finds who holds it (the same request waits for
+    // the answer; the pipeline refuses another one).
+    assert_eq!(claim("req-1", 100_010).await, held_by(1));
+    assert_eq!(claim_as("req-1", request(2), 100_010).await, held_by(1));
     // Another gateway's id of the same spelling is another request.
     assert_eq!(
         store
-            .claim_request("other-gateway", "req-1", 100_010, 70_010)
+            .claim_request("other-gateway", "req-1", &request(2), 100_010, 70_010)
             .await
             .expect("claim"),
         Claim::Won
     );
-    // Answered: the answer, from then on.
+    // Answered: the answer, with the fingerprint of the request it answered, from then on.
     let answer = remembered_answer("d1", b"first");
     store
         .append_audit(&[], &[("edge".to_owned(), "req-1".to_owned(), answer.clone())])
         .await
         .expect("append");
     assert_eq!(claim("req-1", 100_020).await, Claim::Answered(answer.clone()));
+    assert_eq!(
+        claim_as("req-1", request(2), 100_020).await,
+        Claim::Answered(answer.clone())
+    );
     // An answer outlives its claim's lease: an answered id is never claimed again.
     assert_eq!(claim("req-1", 500_000).await, Claim::Answered(answer));
-    // A claim whose holder never answered is taken over once its lease is over, and only then.
+    // A claim whose holder never answered is taken over once its lease is over, and only then,
+    // and only by the same request: an id names one request.
     assert_eq!(claim("req-2", 100_000).await, Claim::Won);
-    assert_eq!(claim("req-2", 129_999).await, Claim::Taken);
+    assert_eq!(claim("req-2", 129_999).await, held_by(1));
+    assert_eq!(claim_as("req-2", request(2), 130_001).await, held_by(1));
     assert_eq!(claim("req-2", 130_001).await, Claim::Won);
-    assert_eq!(claim("req-2", 130_002).await, Claim::Taken);
+    assert_eq!(claim("req-2", 130_002).await, held_by(1));
     // An answer stored without a claim (decided while the store was out of reach, replayed from
     // the spool) stands too.
     let spooled = remembered_answer("d3", b"spooled");
@@ -1448,6 +1489,24 @@ async fn a_request_id_is_claimed_once<S: Store>(store: S) {
         .await
         .expect("append");
     assert_eq!(claim("req-3", 100_000).await, Claim::Answered(spooled));
+    // An answer remembered before fingerprints existed is no request's; a claim of then is held
+    // by nobody the pipeline can match, and is never taken over.
+    let anonymous = Remembered {
+        fingerprint: None,
+        ..remembered_answer("d4", b"before")
+    };
+    store
+        .append_audit(&[], &[("edge".to_owned(), "req-4".to_owned(), anonymous.clone())])
+        .await
+        .expect("append");
+    assert_eq!(claim("req-4", 100_000).await, Claim::Answered(anonymous));
+}
+
+/// The fingerprint key: drawn by the first replica, then the same for every later one.
+async fn the_request_key_is_drawn_once<S: Store>(store: S) {
+    let first = store.request_key(&[1; 32]).await.expect("the key");
+    assert_eq!(first, [1; 32]);
+    assert_eq!(store.request_key(&[2; 32]).await.expect("the key again"), [1; 32]);
 }
 
 async fn expired_request_ids_are_forgotten<S: Store>(store: S) {
@@ -1466,7 +1525,9 @@ async fn expired_request_ids_are_forgotten<S: Store>(store: S) {
         .await
         .expect("append");
     for (request_id, at) in [("old-claim", 1_000), ("recent-claim", 9_000)] {
-        let claimed = store.claim_request("edge", request_id, at, at - 30_000).await;
+        let claimed = store
+            .claim_request("edge", request_id, &request(1), at, at - 30_000)
+            .await;
         assert_eq!(claimed.expect("claim"), Claim::Won);
     }
     assert_eq!(store.forget_requests(5_000).await.expect("forget"), 2);
@@ -1476,9 +1537,15 @@ async fn expired_request_ids_are_forgotten<S: Store>(store: S) {
         Some(answered_at(9_000))
     );
     // The forgotten claim can be made again; the recent one still holds.
-    let claim = |request_id| store.claim_request("edge", request_id, 9_500, -20_500);
+    let fingerprint = request(1);
+    let claim = |request_id| store.claim_request("edge", request_id, &fingerprint, 9_500, -20_500);
     assert_eq!(claim("old-claim").await.expect("claim"), Claim::Won);
-    assert_eq!(claim("recent-claim").await.expect("claim"), Claim::Taken);
+    assert_eq!(
+        claim("recent-claim").await.expect("claim"),
+        Claim::Taken {
+            fingerprint: Some(request(1))
+        }
+    );
     assert_eq!(store.forget_requests(5_000).await.expect("forget"), 0);
 }
 
@@ -1493,7 +1560,7 @@ async fn concurrent_claims_one_wins<S: Store>(store: S, replica: S) {
             };
             tokio::spawn(async move {
                 store
-                    .claim_request("edge", "contested", 100_000, 70_000)
+                    .claim_request("edge", "contested", &request(1), 100_000, 70_000)
                     .await
                     .expect("claim")
             })
@@ -1503,7 +1570,7 @@ async fn concurrent_claims_one_wins<S: Store>(store: S, replica: S) {
     for claim in claims {
         match claim.await.expect("the claim's task") {
             Claim::Won => won += 1,
-            Claim::Taken => {}
+            Claim::Taken { fingerprint } => assert_eq!(fingerprint, Some(request(1))),
             Claim::Answered(answer) => panic!("answered without an answer: {answer:?}"),
         }
     }
@@ -2009,6 +2076,7 @@ mod postgres_only {
             visible: Vec::new(),
             // Written before doors existed: the migration's default names capgate's own.
             door: Door::Capgate,
+            first_decision_id: None,
         });
         for row in &rows {
             insert_at_0001(&pool, row).await;
@@ -2211,6 +2279,171 @@ async fn connection_errors_never_show_the_password() {
     assert!(
         connect(&url, &StoreOptions::default()).await.is_err(),
         "no directory, no database"
+    );
+}
+
+/// An SQLite file at migration 0006 with records of every shape in it — what a server before
+/// request fingerprints left — is migrated (0007 makes `audit_log` again, to widen its outcomes)
+/// without losing or changing one, with every index back, and takes the new outcomes after. Its
+/// remembered answers and claims, which have no fingerprint, answer no request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fingerprint_migration_keeps_every_sqlite_record() {
+    let file = TempFile::new();
+    let url = format!("sqlite://{}", file.path.display());
+    let migrations = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
+    let migrator = sqlx::migrate::Migrator::new(migrations)
+        .await
+        .expect("read the migrations");
+    let options: sqlx::sqlite::SqliteConnectOptions = url.parse().expect("an SQLite URL");
+    let pool = sqlx::SqlitePool::connect_with(options.create_if_missing(true))
+        .await
+        .expect("open the file");
+    migrator.run_to(6, &pool).await.expect("migrate to 0006");
+
+    let mut rows = spread_over_months();
+    rows.push(AuditRecord {
+        decision_id: "listing".to_owned(),
+        at_ms: utc(2026, 11, 30),
+        request_id: Some("req-9".to_owned()),
+        gateway: "edge".to_owned(),
+        kind: RecordKind::List,
+        outcome: RecordOutcome::Allow,
+        principal_id: Some("staff:ana".to_owned()),
+        issuer: Some("staff".to_owned()),
+        subject: Some("ana".to_owned()),
+        policy_version: Some(format!("sha256:{:064x}", 1)),
+        policy_revision: Some(7),
+        visible_count: Some(2),
+        visible: vec!["tickets.read".to_owned(), "docs.search".to_owned()],
+        door: Door::Authzen,
+        ..AuditRecord::default()
+    });
+    rows.push(AuditRecord {
+        decision_id: "capped".to_owned(),
+        at_ms: utc(2026, 11, 29),
+        request_id: Some("req-8".to_owned()),
+        gateway: "edge".to_owned(),
+        outcome: RecordOutcome::Deny,
+        code: Some(RecordCode::Reason(ReasonCode::LimitExhausted)),
+        path: Some("/grants/0".to_owned()),
+        principal_id: Some("staff:ana".to_owned()),
+        capability: Some("tickets.read".to_owned()),
+        tool: Some("jira__get_issue".to_owned()),
+        limit_calls: Some(100),
+        limit_per: Some("1h".to_owned()),
+        usage_calls: Some(100),
+        door: Door::ExtAuthz,
+        ..AuditRecord::default()
+    });
+    for row in &rows {
+        let bigint = |value: Option<u64>| value.map(|value| i64::try_from(value).expect("fits"));
+        sqlx::query(
+            "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
+                 principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
+                 usage_calls, policy_version, policy_revision, visible_count, visible, door) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
+                 $18, $19, $20, $21, $22)",
+        )
+        .bind(&row.decision_id)
+        .bind(row.at_ms)
+        .bind(&row.request_id)
+        .bind(&row.gateway)
+        .bind(row.kind.as_str())
+        .bind(row.outcome.as_str())
+        .bind(row.code.map(RecordCode::as_str))
+        .bind(&row.path)
+        .bind(&row.principal_id)
+        .bind(&row.issuer)
+        .bind(&row.subject)
+        .bind(&row.capability)
+        .bind(&row.tool)
+        .bind(&row.account_id)
+        .bind(bigint(row.limit_calls))
+        .bind(&row.limit_per)
+        .bind(bigint(row.usage_calls))
+        .bind(&row.policy_version)
+        .bind(bigint(row.policy_revision))
+        .bind(bigint(row.visible_count))
+        .bind((!row.visible.is_empty()).then(|| row.visible.join(" ")))
+        .bind(row.door.as_str())
+        .execute(&pool)
+        .await
+        .expect("insert a 0006 row");
+    }
+    sqlx::raw_sql(
+        "INSERT INTO remembered_responses (gateway, request_id, decision_id, response, at) \
+             VALUES ('edge', 'req-8', 'capped', x'0102', 1000); \
+         INSERT INTO request_claims (gateway, request_id, claimed_at) VALUES ('edge', 'req-7', 1000);",
+    )
+    .execute(&pool)
+    .await
+    .expect("a 0006 answer and claim");
+    pool.close().await;
+    let mut before = rows.clone();
+    before.sort_by(|a, b| (b.at_ms, &b.decision_id).cmp(&(a.at_ms, &a.decision_id)));
+
+    let store = SqliteStore::connect(&url, &StoreOptions::default())
+        .await
+        .expect("open SQLite");
+    store.migrate().await.expect("migrate from 0006 to the latest");
+    assert_eq!(store.query_audit(&all(1_000)).await.expect("query"), before);
+
+    let raw = sqlx::SqlitePool::connect(&url).await.expect("open the file");
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'audit_log' \
+         AND name NOT LIKE 'sqlite_autoindex%' ORDER BY name",
+    )
+    .fetch_all(&raw)
+    .await
+    .expect("indexes");
+    assert_eq!(
+        indexes,
+        [
+            "audit_log_account_at",
+            "audit_log_at",
+            "audit_log_capability_at",
+            "audit_log_code_at",
+            "audit_log_outcome_at",
+            "audit_log_principal_at",
+        ]
+    );
+    let leftover: i64 = sqlx::query_scalar("SELECT count(*) FROM sqlite_master WHERE name = 'audit_log_new'")
+        .fetch_one(&raw)
+        .await
+        .expect("no leftover");
+    assert_eq!(leftover, 0);
+    raw.close().await;
+
+    // The new outcomes are taken, with the decision they name.
+    let replay = AuditRecord {
+        decision_id: "replay".to_owned(),
+        at_ms: utc(2026, 12, 1),
+        request_id: Some("req-8".to_owned()),
+        gateway: "edge".to_owned(),
+        outcome: RecordOutcome::Replayed,
+        first_decision_id: Some("capped".to_owned()),
+        ..AuditRecord::default()
+    };
+    store
+        .append_audit(std::slice::from_ref(&replay), &[])
+        .await
+        .expect("append a replay");
+    assert_eq!(store.query_audit(&all(1)).await.expect("query"), vec![replay]);
+
+    // What was remembered before is no request's.
+    let fingerprint = request(1);
+    let claim =
+        |request_id: &'static str| store.claim_request("edge", request_id, &fingerprint, 2_000, -28_000);
+    assert!(matches!(
+        claim("req-8").await.expect("claim"),
+        Claim::Answered(Remembered {
+            fingerprint: None,
+            ..
+        })
+    ));
+    assert_eq!(
+        claim("req-7").await.expect("claim"),
+        Claim::Taken { fingerprint: None }
     );
 }
 
@@ -2440,6 +2673,7 @@ fn remembered_answer(decision_id: &str, response: &[u8]) -> Remembered {
         decision_id: decision_id.to_owned(),
         response: response.to_vec(),
         at_ms: 1_000,
+        fingerprint: Some(request(1)),
     }
 }
 

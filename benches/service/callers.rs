@@ -577,6 +577,7 @@ fn audit_row(sequence: usize) -> AuditRecord {
         visible_count: None,
         visible: Vec::new(),
         door: Door::Capgate,
+        first_decision_id: None,
     }
 }
 

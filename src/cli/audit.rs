@@ -247,6 +247,7 @@ fn line(record: &AuditRecord) -> String {
         visible_count,
         visible,
         door,
+        first_decision_id,
     } = record;
     let who = principal_id.clone().unwrap_or_else(|| {
         format!(
@@ -294,6 +295,10 @@ fn line(record: &AuditRecord) -> String {
     }
     if let Some(request) = request_id {
         let _ = write!(line, "  request={request}");
+    }
+    if let Some(first) = first_decision_id {
+        // A replay or a refused reuse: the decision its request id belongs to.
+        let _ = write!(line, "  first={first}");
     }
     let _ = write!(line, "  id={decision_id}");
     line

@@ -64,7 +64,7 @@ use grpc::decisions::Decisions;
 use grpc::ext_authz::ExtAuthz;
 use grpc::ext_mcp::ExtMcpDoor;
 use grpc::policies::Policies;
-use pipeline::Turns;
+use pipeline::Idempotency;
 
 /// The author recorded for a version published by `serve --policy`.
 pub const STARTUP_AUTHOR: &str = "serve --policy";
@@ -80,7 +80,8 @@ pub struct State<S: Store> {
     pub audit: AuditWriter,
     pub tokens: Tokens,
     pub store_timeout: Duration,
-    pub idempotency: Turns,
+    /// `request_id` turns on this replica, and the deployment's fingerprint key.
+    pub idempotency: Idempotency,
     /// How long a copy of a request waits for the replica that claimed its `request_id` to
     /// answer: as long as a decision can take (a counter, an identity provider's keys, an audit
     /// commit), then `UNAVAILABLE`.
@@ -118,6 +119,15 @@ fn prefetch_keys(oidc: &Arc<OidcDirectory>, active: &Active) {
     }
 }
 
+/// 32 bytes from the operating system's random source, for a fingerprint key
+/// (docs/decisions/0027 §3).
+fn random_key() -> Result<[u8; 32], StartError> {
+    let mut key = [0; 32];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut key)
+        .map_err(|_| StartError::Random)?;
+    Ok(key)
+}
+
 /// Why the server did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -135,6 +145,8 @@ pub enum StartError {
     Active(String),
     #[error("the audit spool cannot be used: {0}")]
     Spool(std::io::Error),
+    #[error("the operating system's random source failed: no fingerprint key can be drawn")]
+    Random,
     #[error("cannot listen on `{addr}`: {error}")]
     Bind { addr: SocketAddr, error: std::io::Error },
     #[error("the TLS configuration cannot be used: {0}")]
@@ -259,6 +271,9 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
     }
     let refresher = oidc.spawn_refresher();
 
+    // The fingerprint key every replica of this store shares: the stored one, or this draw.
+    let request_key = store.request_key(&random_key()?).await?;
+
     let state = Arc::new(State {
         store,
         active,
@@ -269,7 +284,7 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
             config.admin_tokens.clone(),
         ),
         store_timeout: config.store_timeout,
-        idempotency: Turns::default(),
+        idempotency: Idempotency::new(&request_key),
         claim_wait: config.store_timeout * 2 + config.audit_timeout + config.oidc.fetch_timeout,
         oidc,
         stopping: stopped.clone(),

@@ -21,7 +21,9 @@
 //! * Added: [`Store::prepare_audit_periods`] and [`Store::prune_audit`]
 //!   (audit retention, docs/decisions/0009-audit-partitioning.md).
 //! * Added: [`Store::claim_request`] and [`Store::forget_requests`]
-//!   (idempotency across replicas, docs/decisions/0016).
+//!   (idempotency across replicas, docs/decisions/0016); a claim and a
+//!   remembered answer carry the request's [`Fingerprint`], and
+//!   [`Store::request_key`] keeps the key it is made with (docs/decisions/0027).
 //! * Audit records are typed ([`RecordKind`], [`RecordOutcome`],
 //!   [`RecordCode`]); a stored value this build cannot read is
 //!   [`StoreError::Corrupt`].
@@ -346,14 +348,22 @@ pub enum RecordOutcome {
     Unauthenticated,
     /// The tool asked for is not in the active catalog.
     UnknownTool,
+    /// A retry of a request answered already, answered with what the first got
+    /// (`first_decision_id`); nothing was decided (docs/decisions/0027).
+    Replayed,
+    /// Refused: the request reused a `request_id` that belongs to another request
+    /// (`first_decision_id`, once known); nothing was decided or consumed.
+    RequestIdReused,
 }
 
 impl RecordOutcome {
-    pub const ALL: [RecordOutcome; 4] = [
+    pub const ALL: [RecordOutcome; 6] = [
         RecordOutcome::Allow,
         RecordOutcome::Deny,
         RecordOutcome::Unauthenticated,
         RecordOutcome::UnknownTool,
+        RecordOutcome::Replayed,
+        RecordOutcome::RequestIdReused,
     ];
 
     /// The column's text, which is also the serde name.
@@ -363,6 +373,8 @@ impl RecordOutcome {
             RecordOutcome::Deny => "deny",
             RecordOutcome::Unauthenticated => "unauthenticated",
             RecordOutcome::UnknownTool => "unknown_tool",
+            RecordOutcome::Replayed => "replayed",
+            RecordOutcome::RequestIdReused => "request_id_reused",
         }
     }
 
@@ -482,6 +494,9 @@ pub struct AuditRecord {
     /// before doors existed read as capgate's).
     #[serde(default, skip_serializing_if = "Door::is_capgate")]
     pub door: Door,
+    /// A replay's or a refused reuse's record only: the decision its `request_id` belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_decision_id: Option<String>,
 }
 
 /// What a gateway noted about an allowed call after it (`NoteDecision`), appended to the
@@ -719,12 +734,20 @@ pub struct PrunedPeriod {
     pub records: u64,
 }
 
+/// What makes a request with a `request_id` that request and no other: a keyed digest of its
+/// door, gateway, caller, target and the door's own facts (docs/decisions/0027). Never the
+/// credential it covers.
+pub type Fingerprint = [u8; 32];
+
 /// A stored answer for an idempotent retry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Remembered {
     pub decision_id: String,
     /// The encoded response returned the first time.
     pub response: Vec<u8>,
+    /// The fingerprint of the request it answered: only that request gets it again. `None` for
+    /// an answer remembered before fingerprints existed, which is no request's.
+    pub fingerprint: Option<Fingerprint>,
     /// When it was decided (milliseconds since the Unix epoch): the caller
     /// judges the retention window with it.
     pub at_ms: i64,
@@ -737,8 +760,9 @@ pub enum Claim {
     Won,
     /// A decision with this request id was answered already: this is its answer.
     Answered(Remembered),
-    /// Another decision holds a live claim and has not answered yet.
-    Taken,
+    /// A claim is held and not answered yet: a live one, or one of another request (which is
+    /// never taken over). Its request's fingerprint (`None`: claimed before fingerprints).
+    Taken { fingerprint: Option<Fingerprint> },
 }
 
 /// The store port. Implementations are cheap to clone (a pool handle).
@@ -862,17 +886,24 @@ pub trait Store: Clone + Send + Sync + 'static {
         request_id: &str,
     ) -> impl Future<Output = StoreResult<Option<Remembered>>> + Send;
 
-    /// Claims `(gateway, request_id)` for a decision about to be taken at `now_ms`: won when
-    /// nobody holds it, or when its holder took it before `stale_before_ms` and never answered
-    /// (its process died mid-decision). Otherwise the answer, if there is one yet. One
-    /// statement, so two replicas claiming at once cannot both win.
+    /// Claims `(gateway, request_id)` for the request `fingerprint` names, about to be decided at
+    /// `now_ms`: won when nobody holds it, or when the same request took it before
+    /// `stale_before_ms` and never answered (its process died mid-decision). Otherwise the
+    /// answer, if there is one yet, else the holder's fingerprint; the caller compares them
+    /// (docs/decisions/0027). One statement, so two replicas claiming at once cannot both win.
     fn claim_request(
         &self,
         gateway: &str,
         request_id: &str,
+        fingerprint: &Fingerprint,
         now_ms: i64,
         stale_before_ms: i64,
     ) -> impl Future<Output = StoreResult<Claim>> + Send;
+
+    /// The deployment's fingerprint key: the one stored, or `candidate` stored now when there is
+    /// none yet (the first replica to start on the store draws it), so that every replica of
+    /// one store uses the same key.
+    fn request_key(&self, candidate: &[u8; 32]) -> impl Future<Output = StoreResult<[u8; 32]>> + Send;
 
     /// Forgets the remembered answers and the claims made before `before_ms` (past the
     /// idempotency retention, they answer nothing). Returns how many rows went.
@@ -1074,10 +1105,15 @@ impl Store for AnyStore {
         &self,
         gateway: &str,
         request_id: &str,
+        fingerprint: &Fingerprint,
         now_ms: i64,
         stale_before_ms: i64,
     ) -> StoreResult<Claim> {
-        with_store!(self, store => store.claim_request(gateway, request_id, now_ms, stale_before_ms).await)
+        with_store!(self, store => store.claim_request(gateway, request_id, fingerprint, now_ms, stale_before_ms).await)
+    }
+
+    async fn request_key(&self, candidate: &[u8; 32]) -> StoreResult<[u8; 32]> {
+        with_store!(self, store => store.request_key(candidate).await)
     }
 
     async fn forget_requests(&self, before_ms: i64) -> StoreResult<u64> {

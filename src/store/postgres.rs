@@ -33,9 +33,9 @@ use super::sql::{
 };
 use super::{
     ActivateOutcome, Activation, ActivationKind, Actor, AuditFilter, AuditGroup, AuditRecord, Claim,
-    CommitGate, CounterAsk, CounterKey, CounterReading, DecisionNote, ExpectedRevision, GroupKey, NewPolicy,
-    PrunedPeriod, PublishOutcome, RecordCode, Remembered, RememberedEntry, Settle, Store, StoreError,
-    StoreOptions, StoreResult, StoredCounter, StoredPolicy, Tally, UsageReset,
+    CommitGate, CounterAsk, CounterKey, CounterReading, DecisionNote, ExpectedRevision, Fingerprint,
+    GroupKey, NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, RememberedEntry, Settle,
+    Store, StoreError, StoreOptions, StoreResult, StoredCounter, StoredPolicy, Tally, UsageReset,
 };
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
@@ -537,22 +537,20 @@ impl Store for PostgresStore {
     }
 
     async fn remembered(&self, gateway: &str, request_id: &str) -> StoreResult<Option<Remembered>> {
-        Ok(sqlx::query_as::<_, RememberedRow>(
-            "SELECT decision_id, response, at FROM remembered_responses \
-             WHERE gateway = $1 AND request_id = $2",
-        )
-        .bind(gateway)
-        .bind(request_id)
-        .fetch_optional(&self.pool)
-        .await
-        .during("remembered")?
-        .map(RememberedRow::into_remembered))
+        Ok(sqlx::query_as::<_, RememberedRow>(sql::REMEMBERED)
+            .bind(gateway)
+            .bind(request_id)
+            .fetch_optional(&self.pool)
+            .await
+            .during("remembered")?
+            .map(RememberedRow::into_remembered))
     }
 
     async fn claim_request(
         &self,
         gateway: &str,
         request_id: &str,
+        fingerprint: &Fingerprint,
         now_ms: i64,
         stale_before_ms: i64,
     ) -> StoreResult<Claim> {
@@ -568,10 +566,32 @@ impl Store for PostgresStore {
         .bind(request_id)
         .bind(now_ms)
         .bind(stale_before_ms)
+        .bind(&fingerprint[..])
         .fetch_optional(&self.pool)
         .await
         .during("claim_request")?;
-        sql::claimed(won.is_some(), self.remembered(gateway, request_id)).await
+        let holder = async {
+            sqlx::query_scalar::<_, Option<Vec<u8>>>(sql::CLAIM_FINGERPRINT)
+                .bind(gateway)
+                .bind(request_id)
+                .fetch_optional(&self.pool)
+                .await
+                .during("claim_request")
+        };
+        sql::claimed(won.is_some(), self.remembered(gateway, request_id), holder).await
+    }
+
+    async fn request_key(&self, candidate: &[u8; 32]) -> StoreResult<[u8; 32]> {
+        sqlx::query("INSERT INTO request_key (id, key) VALUES (TRUE, $1) ON CONFLICT (id) DO NOTHING")
+            .bind(&candidate[..])
+            .execute(&self.pool)
+            .await
+            .during("request_key")?;
+        let stored: Vec<u8> = sqlx::query_scalar(sql::REQUEST_KEY)
+            .fetch_one(&self.pool)
+            .await
+            .during("request_key")?;
+        sql::request_key(stored)
     }
 
     async fn forget_requests(&self, before_ms: i64) -> StoreResult<u64> {
@@ -947,7 +967,7 @@ async fn partitions(executor: impl Executor<'_, Database = Postgres>) -> Result<
         .collect())
 }
 
-/// The audit insert: one array per column, `$1` to `$22`. Without a conflict
+/// The audit insert: one array per column, `$1` to `$23`. Without a conflict
 /// target: the primary key is `(decision_id, at)` since the table is
 /// partitioned (migration 0002), and a replayed record carries the `at` it
 /// was made with, so it conflicts and is skipped.
@@ -955,16 +975,17 @@ macro_rules! insert_audit_rows {
     () => {
         "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
              principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
-             usage_calls, policy_version, policy_revision, visible_count, visible, door) \
+             usage_calls, policy_version, policy_revision, visible_count, visible, door, \
+             first_decision_id) \
          SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], \
              $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], \
              $12::text[], $13::text[], $14::text[], $15::bigint[], $16::text[], $17::bigint[], \
-             $18::text[], $19::bigint[], $20::bigint[], $21::text[], $22::text[]) \
+             $18::text[], $19::bigint[], $20::bigint[], $21::text[], $22::text[], $23::text[]) \
          ON CONFLICT DO NOTHING"
     };
 }
 
-/// Writes back a batch's counters (`$23` to `$26`, the changed ones) ([`WriteBack`]); the start
+/// Writes back a batch's counters (`$24` to `$27`, the changed ones) ([`WriteBack`]); the start
 /// of a statement, a `WITH` clause.
 ///
 /// An upsert rather than `UPDATE … FROM UNNEST(…)`: every row is there (locked), and the conflict
@@ -978,7 +999,7 @@ macro_rules! insert_audit_rows {
 macro_rules! write_back_counters {
     () => {
         "WITH written AS (INSERT INTO usage_counters AS c (principal_id, capability, calls, window_start) \
-             SELECT * FROM UNNEST($23::text[], $24::text[], $25::bigint[], $26::bigint[]) \
+             SELECT * FROM UNNEST($24::text[], $25::text[], $26::bigint[], $27::bigint[]) \
              ON CONFLICT (principal_id, capability) DO UPDATE \
                  SET calls = excluded.calls, window_start = excluded.window_start) "
     };
@@ -1046,7 +1067,8 @@ async fn insert_audit(
             .bind(columns.policy_revision)
             .bind(columns.visible_count)
             .bind(columns.visible)
-            .bind(columns.door);
+            .bind(columns.door)
+            .bind(columns.first_decision_id);
         let query = match counters {
             Some(counters) => query
                 .bind(counters.principals)
@@ -1063,16 +1085,18 @@ async fn insert_audit(
         let mut decision_ids = Vec::with_capacity(remembered.len());
         let mut responses = Vec::with_capacity(remembered.len());
         let mut ats = Vec::with_capacity(remembered.len());
+        let mut fingerprints = Vec::with_capacity(remembered.len());
         for (gateway, request_id, answer) in remembered {
             gateways.push(gateway.clone());
             request_ids.push(request_id.clone());
             decision_ids.push(answer.decision_id.clone());
             responses.push(answer.response.clone());
             ats.push(answer.at_ms);
+            fingerprints.push(answer.fingerprint.map(|fingerprint| fingerprint.to_vec()));
         }
         sqlx::query(
-            "INSERT INTO remembered_responses (gateway, request_id, decision_id, response, at) \
-             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[]) \
+            "INSERT INTO remembered_responses (gateway, request_id, decision_id, response, at, fingerprint) \
+             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[], $6::bytea[]) \
              ON CONFLICT DO NOTHING",
         )
         .bind(gateways)
@@ -1080,6 +1104,7 @@ async fn insert_audit(
         .bind(decision_ids)
         .bind(responses)
         .bind(ats)
+        .bind(fingerprints)
         .execute(&mut *tx)
         .await?;
     }
@@ -1261,6 +1286,7 @@ struct AuditArrays {
     visible_count: Vec<Option<i64>>,
     visible: Vec<Option<String>>,
     door: Vec<&'static str>,
+    first_decision_id: Vec<Option<String>>,
 }
 
 impl AuditArrays {
@@ -1289,6 +1315,7 @@ impl AuditArrays {
             visible_count: Vec::with_capacity(n),
             visible: Vec::with_capacity(n),
             door: Vec::with_capacity(n),
+            first_decision_id: Vec::with_capacity(n),
         };
         for record in records {
             let integers = AuditIntegers::of(record)?;
@@ -1317,6 +1344,7 @@ impl AuditArrays {
                 visible_count: _,
                 visible,
                 door,
+                first_decision_id,
             } = record;
             columns.decision_id.push(decision_id.clone());
             columns.at.push(*at_ms);
@@ -1340,6 +1368,7 @@ impl AuditArrays {
             columns.visible_count.push(integers.visible_count);
             columns.visible.push(sql::join_visible(visible));
             columns.door.push(door.as_str());
+            columns.first_decision_id.push(first_decision_id.clone());
         }
         Ok(columns)
     }
@@ -1445,7 +1474,7 @@ mod plans {
                  principal_id TEXT, issuer TEXT, subject TEXT, capability TEXT, tool TEXT, account_id TEXT, \
                  limit_calls BIGINT, limit_per TEXT, usage_calls BIGINT, policy_version TEXT, \
                  policy_revision BIGINT, visible_count BIGINT, visible TEXT, door TEXT NOT NULL, \
-                 PRIMARY KEY (decision_id, at))",
+                 first_decision_id TEXT, PRIMARY KEY (decision_id, at))",
         )
         .execute(&mut *tx)
         .await
@@ -1517,11 +1546,11 @@ mod plans {
             let lines = plan(&mut tx, statement, "text[], text[]", keys).await;
             assert_by_key(&lines, &lines, statement);
         }
-        // The write-back: 22 parameters of the audit insert unused here, then the counters'.
-        let types = format!("{}text[], text[], bigint[], bigint[]", "int, ".repeat(22));
+        // The write-back: 23 parameters of the audit insert unused here, then the counters'.
+        let types = format!("{}text[], text[], bigint[], bigint[]", "int, ".repeat(23));
         let arguments = format!(
             "{}{keys}, ARRAY[2, 2]::bigint[], ARRAY[0, 0]::bigint[]",
-            "0, ".repeat(22)
+            "0, ".repeat(23)
         );
         let lines = plan(
             &mut tx,

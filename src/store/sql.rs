@@ -14,8 +14,8 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, QueryBuilder, Row, Type};
 
 use super::{
     Activation, ActivationKind, AuditCursor, AuditFilter, AuditGroup, AuditRecord, Claim, CounterReading,
-    DecisionNote, Door, ExpectedRevision, GroupKey, NewPolicy, Note, RecordCode, RecordKind, RecordOutcome,
-    Remembered, StoreError, StoreResult, StoredCounter, StoredPolicy, UsageReset,
+    DecisionNote, Door, ExpectedRevision, Fingerprint, GroupKey, NewPolicy, Note, RecordCode, RecordKind,
+    RecordOutcome, Remembered, StoreError, StoreResult, StoredCounter, StoredPolicy, UsageReset,
 };
 
 /// Names the operation a database failure happened in. There is no
@@ -127,19 +127,21 @@ impl CounterRow {
     }
 }
 
-/// The statement that claims `($1 gateway, $2 request_id)` at `$3`, taking over a claim made
-/// before `$4`; it returns a row when the claim is won. A request id that has an answer is never
-/// claimed: the answer stands. In one statement, a second claimer waits for the first's row and
-/// then finds it fresh. `$source` is what the claim's row is selected from (a literal, maybe
-/// empty): a dialect may compute something on the way.
+/// The statement that claims `($1 gateway, $2 request_id)` for the request whose fingerprint is
+/// `$5` at `$3`, taking over a claim the same request made before `$4`; it returns a row when the
+/// claim is won. A request id that has an answer is never claimed: the answer stands. A claim of
+/// another request is never taken over: an id names one request (docs/decisions/0027). In one
+/// statement, a second claimer waits for the first's row and then finds it fresh. `$source` is
+/// what the claim's row is selected from (a literal, maybe empty): a dialect may compute
+/// something on the way.
 macro_rules! claim_request {
     ($source:literal) => {
         concat!(
-            "INSERT INTO request_claims (gateway, request_id, claimed_at) SELECT $1, $2, $3 ",
+            "INSERT INTO request_claims (gateway, request_id, claimed_at, fingerprint) SELECT $1, $2, $3, $5 ",
             $source,
             " WHERE NOT EXISTS (SELECT 1 FROM remembered_responses WHERE gateway = $1 AND request_id = $2) \
              ON CONFLICT (gateway, request_id) DO UPDATE SET claimed_at = excluded.claimed_at \
-             WHERE request_claims.claimed_at < $4 \
+             WHERE request_claims.claimed_at < $4 AND request_claims.fingerprint = $5 \
              AND NOT EXISTS (SELECT 1 FROM remembered_responses WHERE gateway = $1 AND request_id = $2) \
              RETURNING claimed_at"
         )
@@ -147,18 +149,46 @@ macro_rules! claim_request {
 }
 pub(super) use claim_request;
 
-/// What a claim that was not won found: the answer, once its holder has written it. The answer is
-/// read only then, so a won claim costs one statement.
+/// The fingerprint of the request that holds a claim (`None` inside: claimed before fingerprints).
+pub(super) const CLAIM_FINGERPRINT: &str =
+    "SELECT fingerprint FROM request_claims WHERE gateway = $1 AND request_id = $2";
+
+/// The answer to `(gateway, request_id)`, with the fingerprint of the request it answered.
+pub(super) const REMEMBERED: &str =
+    "SELECT decision_id, response, at, fingerprint FROM remembered_responses \
+     WHERE gateway = $1 AND request_id = $2";
+
+/// What a claim that was not won found: the answer, once its holder has written it, else the
+/// holder's fingerprint. Both are read only then, so a won claim costs one statement.
 pub(super) async fn claimed(
     won: bool,
     answer: impl std::future::Future<Output = StoreResult<Option<Remembered>>>,
+    holder: impl std::future::Future<Output = StoreResult<Option<Option<Vec<u8>>>>>,
 ) -> StoreResult<Claim> {
     if won {
         return Ok(Claim::Won);
     }
-    Ok(match answer.await? {
-        Some(answer) => Claim::Answered(answer),
-        None => Claim::Taken,
+    if let Some(answer) = answer.await? {
+        return Ok(Claim::Answered(answer));
+    }
+    Ok(Claim::Taken {
+        fingerprint: holder.await?.flatten().as_deref().and_then(fingerprint),
+    })
+}
+
+/// A stored fingerprint; one of another length is no request's.
+fn fingerprint(stored: &[u8]) -> Option<Fingerprint> {
+    stored.try_into().ok()
+}
+
+/// `request_key`: the stored key, after storing `$1` if there was none.
+pub(super) const REQUEST_KEY: &str = "SELECT key FROM request_key";
+
+/// A stored key as the 32 bytes it must be (the table's check says so).
+pub(super) fn request_key(stored: Vec<u8>) -> StoreResult<[u8; 32]> {
+    stored.as_slice().try_into().map_err(|_| StoreError::Corrupt {
+        column: "request_key.key",
+        value: format!("{} bytes, not 32", stored.len()),
     })
 }
 
@@ -242,6 +272,7 @@ pub(super) struct RememberedRow {
     decision_id: String,
     response: Vec<u8>,
     at: i64,
+    fingerprint: Option<Vec<u8>>,
 }
 
 impl RememberedRow {
@@ -250,6 +281,7 @@ impl RememberedRow {
             decision_id: self.decision_id,
             response: self.response,
             at_ms: self.at,
+            fingerprint: self.fingerprint.as_deref().and_then(fingerprint),
         }
     }
 }
@@ -278,6 +310,7 @@ pub(super) struct AuditRow {
     visible_count: Option<i64>,
     visible: Option<String>,
     door: String,
+    first_decision_id: Option<String>,
 }
 
 impl AuditRow {
@@ -305,6 +338,7 @@ impl AuditRow {
             visible_count,
             visible,
             door,
+            first_decision_id,
         } = self;
         Ok(AuditRecord {
             decision_id,
@@ -331,6 +365,7 @@ impl AuditRow {
             visible_count: to_unsigned_opt(visible_count, "visible_count")?,
             visible: visible.as_deref().map(split_visible).unwrap_or_default(),
             door: to_typed(door, "door", Door::parse)?,
+            first_decision_id,
         })
     }
 }
@@ -347,7 +382,7 @@ fn split_visible(text: &str) -> Vec<String> {
 /// The columns of `audit_log`, in the order of [`AuditRow`].
 const AUDIT_COLUMNS: &str = "decision_id, at, request_id, gateway, kind, outcome, code, path, \
      principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, usage_calls, \
-     policy_version, policy_revision, visible_count, visible, door";
+     policy_version, policy_revision, visible_count, visible, door, first_decision_id";
 
 /// An audit record's integer columns as `BIGINT`s, checked before anything
 /// is written.
@@ -733,6 +768,7 @@ mod tests {
             visible_count: None,
             visible: None,
             door: "capgate".to_owned(),
+            first_decision_id: None,
         }
     }
 

@@ -46,9 +46,9 @@ use super::sql::{
 };
 use super::{
     ActivateOutcome, Activation, ActivationKind, Actor, AuditFilter, AuditGroup, AuditRecord, Claim,
-    CommitGate, CounterAsk, CounterKey, CounterReading, DecisionNote, ExpectedRevision, GroupKey, NewPolicy,
-    PrunedPeriod, PublishOutcome, RecordCode, Remembered, RememberedEntry, Settle, Store, StoreError,
-    StoreOptions, StoreResult, StoredCounter, StoredPolicy, Tally, UsageReset,
+    CommitGate, CounterAsk, CounterKey, CounterReading, DecisionNote, ExpectedRevision, Fingerprint,
+    GroupKey, NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, RememberedEntry, Settle,
+    Store, StoreError, StoreOptions, StoreResult, StoredCounter, StoredPolicy, Tally, UsageReset,
 };
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
@@ -199,13 +199,15 @@ async fn insert_audit(
             visible_count: _,
             visible,
             door,
+            first_decision_id,
         } = record;
         sqlx::query(
             "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
                  principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
-                 usage_calls, policy_version, policy_revision, visible_count, visible, door) \
+                 usage_calls, policy_version, policy_revision, visible_count, visible, door, \
+                 first_decision_id) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-                 $18, $19, $20, $21, $22) \
+                 $18, $19, $20, $21, $22, $23) \
              ON CONFLICT DO NOTHING",
         )
         .bind(decision_id)
@@ -230,14 +232,15 @@ async fn insert_audit(
         .bind(integers.visible_count)
         .bind(sql::join_visible(visible))
         .bind(door.as_str())
+        .bind(first_decision_id)
         .execute(&mut *tx)
         .await
         .during(operation)?;
     }
     for (gateway, request_id, answer) in remembered {
         sqlx::query(
-            "INSERT INTO remembered_responses (gateway, request_id, decision_id, response, at) \
-             VALUES ($1, $2, $3, $4, $5) \
+            "INSERT INTO remembered_responses (gateway, request_id, decision_id, response, at, fingerprint) \
+             VALUES ($1, $2, $3, $4, $5, $6) \
              ON CONFLICT DO NOTHING",
         )
         .bind(gateway)
@@ -245,6 +248,7 @@ async fn insert_audit(
         .bind(&answer.decision_id)
         .bind(&answer.response)
         .bind(answer.at_ms)
+        .bind(answer.fingerprint.as_ref().map(|fingerprint| &fingerprint[..]))
         .execute(&mut *tx)
         .await
         .during(operation)?;
@@ -711,22 +715,20 @@ impl Store for SqliteStore {
     }
 
     async fn remembered(&self, gateway: &str, request_id: &str) -> StoreResult<Option<Remembered>> {
-        Ok(sqlx::query_as::<_, RememberedRow>(
-            "SELECT decision_id, response, at FROM remembered_responses \
-             WHERE gateway = $1 AND request_id = $2",
-        )
-        .bind(gateway)
-        .bind(request_id)
-        .fetch_optional(&self.pool)
-        .await
-        .during("remembered")?
-        .map(RememberedRow::into_remembered))
+        Ok(sqlx::query_as::<_, RememberedRow>(sql::REMEMBERED)
+            .bind(gateway)
+            .bind(request_id)
+            .fetch_optional(&self.pool)
+            .await
+            .during("remembered")?
+            .map(RememberedRow::into_remembered))
     }
 
     async fn claim_request(
         &self,
         gateway: &str,
         request_id: &str,
+        fingerprint: &Fingerprint,
         now_ms: i64,
         stale_before_ms: i64,
     ) -> StoreResult<Claim> {
@@ -737,11 +739,36 @@ impl Store for SqliteStore {
                 .bind(request_id)
                 .bind(now_ms)
                 .bind(stale_before_ms)
+                .bind(&fingerprint[..])
                 .fetch_optional(&self.pool)
                 .await
                 .during("claim_request")?
         };
-        sql::claimed(won.is_some(), self.remembered(gateway, request_id)).await
+        let holder = async {
+            sqlx::query_scalar::<_, Option<Vec<u8>>>(sql::CLAIM_FINGERPRINT)
+                .bind(gateway)
+                .bind(request_id)
+                .fetch_optional(&self.pool)
+                .await
+                .during("claim_request")
+        };
+        sql::claimed(won.is_some(), self.remembered(gateway, request_id), holder).await
+    }
+
+    async fn request_key(&self, candidate: &[u8; 32]) -> StoreResult<[u8; 32]> {
+        {
+            let _turn = self.write_turn().await;
+            sqlx::query("INSERT INTO request_key (id, key) VALUES (1, $1) ON CONFLICT (id) DO NOTHING")
+                .bind(&candidate[..])
+                .execute(&self.pool)
+                .await
+                .during("request_key")?;
+        }
+        let stored: Vec<u8> = sqlx::query_scalar(sql::REQUEST_KEY)
+            .fetch_one(&self.pool)
+            .await
+            .during("request_key")?;
+        sql::request_key(stored)
     }
 
     async fn forget_requests(&self, before_ms: i64) -> StoreResult<u64> {

@@ -18,6 +18,9 @@ use opentelemetry::{InstrumentationScope, KeyValue};
 
 /// `capgate.decisions`: answered `Decide` calls.
 pub const DECISIONS: &str = "capgate.decisions";
+/// `capgate.request_ids`: requests whose `request_id` was used before: replayed (a retry,
+/// answered with its first answer) or reused (refused: the id belongs to another request).
+pub const REQUEST_IDS: &str = "capgate.request_ids";
 /// `capgate.rpc.duration`: every capgate RPC, from request to response headers.
 pub const RPC_DURATION: &str = "capgate.rpc.duration";
 pub const HTTP_DURATION: &str = "capgate.http.duration";
@@ -55,6 +58,7 @@ const BATCH_BOUNDARIES: [f64; 12] = [
 /// The instruments.
 pub struct Metrics {
     decisions: Counter<u64>,
+    request_ids: Counter<u64>,
     rpc_duration: Histogram<f64>,
     http_duration: Histogram<f64>,
     counter_store_duration: Histogram<f64>,
@@ -167,6 +171,14 @@ impl Metrics {
                 .with_description("Decide calls answered, by outcome and reason (or problem) code")
                 .with_unit("{decision}")
                 .build(),
+            request_ids: meter
+                .u64_counter(REQUEST_IDS)
+                .with_description(
+                    "Requests whose request_id was used before, by door and result: replayed (a retry, given \
+                     its first answer) or reused (refused: the id belongs to another request)",
+                )
+                .with_unit("{request}")
+                .build(),
             rpc_duration: meter
                 .f64_histogram(RPC_DURATION)
                 .with_description("capgate RPCs, from the request to the response, by method and gRPC status")
@@ -264,6 +276,11 @@ impl Metrics {
     }
 
     /// A decision answered with `outcome` and `code`, through `door` (`capgate` for `Decide`).
+    pub fn request_id(&self, door: &'static str, result: &'static str) {
+        self.request_ids
+            .add(1, &[KeyValue::new("door", door), KeyValue::new("result", result)]);
+    }
+
     pub fn decision(&self, door: &'static str, outcome: &'static str, code: &str) {
         self.decisions.add(
             1,

@@ -30,7 +30,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use capgate_core::principals::AuthProblem;
 
-use crate::store::{AuditRecord, RecordOutcome};
+use crate::store::{AuditRecord, Door, RecordOutcome};
 
 use super::metrics::metrics;
 
@@ -313,6 +313,8 @@ fn outcome_of(outcome: RecordOutcome) -> &'static str {
         RecordOutcome::Deny => "deny",
         RecordOutcome::Unauthenticated => "unauthenticated",
         RecordOutcome::UnknownTool => "unknown_tool",
+        RecordOutcome::Replayed => "replayed",
+        RecordOutcome::RequestIdReused => "request_id_reused",
     }
 }
 
@@ -338,6 +340,34 @@ pub fn decided(record: &AuditRecord) {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push((record.door.as_str(), outcome, code));
     });
+}
+
+/// How a request's `request_id` was met when it was not decided afresh (docs/decisions/0027).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestIdUse {
+    /// A retry, answered with its first answer.
+    Replayed,
+    /// Refused: the id belongs to another request.
+    Reused,
+}
+
+impl RequestIdUse {
+    /// The metric's `result` label, and the span's outcome.
+    pub fn as_str(self) -> (&'static str, &'static str) {
+        match self {
+            RequestIdUse::Replayed => ("replayed", "replayed"),
+            RequestIdUse::Reused => ("reused", "request_id_reused"),
+        }
+    }
+}
+
+/// A request whose `request_id` was used before was answered with its first answer, or refused:
+/// the span says which (its outcome as the audit record's), and `capgate.request_ids` counts it.
+/// Its record is durable by now.
+pub fn request_id(door: Door, used: RequestIdUse) {
+    let (result, outcome) = used.as_str();
+    Span::current().record("capgate.outcome", outcome);
+    metrics().request_id(door.as_str(), result);
 }
 
 /// A listing's answer: the version it was listed on, and how many capabilities are visible (or

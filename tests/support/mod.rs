@@ -11,6 +11,7 @@
 pub mod client;
 pub mod cluster;
 pub mod counting;
+pub mod doors;
 pub mod oidc;
 pub mod otlp;
 pub mod postgres;

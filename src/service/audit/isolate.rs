@@ -273,6 +273,7 @@ mod tests {
                     decision_id: id.to_owned(),
                     response: Vec::new(),
                     at_ms: 0,
+                    fingerprint: None,
                 },
             )
         };

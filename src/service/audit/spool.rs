@@ -336,6 +336,15 @@ struct SpooledResponse {
     at_ms: i64,
     #[serde(rename = "response_hex", with = "hex")]
     response: Vec<u8>,
+    /// The request's fingerprint (docs/decisions/0027); absent from lines spooled before
+    /// fingerprints, whose answer is then no request's.
+    #[serde(
+        rename = "fingerprint_hex",
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "optional_hex"
+    )]
+    fingerprint: Option<Vec<u8>>,
 }
 
 impl SpooledResponse {
@@ -345,6 +354,7 @@ impl SpooledResponse {
             decision_id,
             response,
             at_ms,
+            fingerprint,
         } = remembered;
         SpooledResponse {
             gateway: gateway.clone(),
@@ -352,6 +362,7 @@ impl SpooledResponse {
             decision_id: decision_id.clone(),
             at_ms: *at_ms,
             response: response.clone(),
+            fingerprint: fingerprint.map(|fingerprint| fingerprint.to_vec()),
         }
     }
 
@@ -362,6 +373,7 @@ impl SpooledResponse {
             decision_id,
             at_ms,
             response,
+            fingerprint,
         } = self;
         (
             gateway,
@@ -370,6 +382,8 @@ impl SpooledResponse {
                 decision_id,
                 response,
                 at_ms,
+                // One of another length is no request's.
+                fingerprint: fingerprint.and_then(|fingerprint| fingerprint.as_slice().try_into().ok()),
             },
         )
     }
@@ -405,6 +419,29 @@ mod hex {
     }
 }
 
+/// [`hex`] for a field that may be absent.
+mod optional_hex {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(
+        bytes: &Option<Vec<u8>>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match bytes {
+            Some(bytes) => super::hex::serialize(bytes, serializer),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Vec<u8>>, D::Error> {
+        #[derive(Deserialize)]
+        struct Hex(#[serde(with = "super::hex")] Vec<u8>);
+        Ok(Option::<Hex>::deserialize(deserializer)?.map(|Hex(bytes)| bytes))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use capgate_core::access::ReasonCode;
@@ -436,6 +473,7 @@ mod tests {
             visible_count: None,
             visible: Vec::new(),
             door: crate::store::Door::Capgate,
+            first_decision_id: None,
         }
     }
 
@@ -447,6 +485,7 @@ mod tests {
                 decision_id: "0192".into(),
                 response: vec![0, 1, 0xfe, 0xff],
                 at_ms: 5,
+                fingerprint: None,
             },
         )
     }
@@ -472,6 +511,30 @@ mod tests {
         assert_eq!(text, format!("{RECORD_LINE}\n{RESPONSE_LINE}\n"));
         let (records, remembered) = read_spool_file(path).unwrap();
         assert_eq!((records, remembered), (vec![record("0192")], vec![response()]));
+    }
+
+    #[test]
+    fn a_fingerprint_and_a_first_decision_travel_through_the_spool() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::open(dir.path()).unwrap();
+        let mut replay = record("0194");
+        replay.outcome = RecordOutcome::Replayed;
+        replay.first_decision_id = Some("0192".into());
+        let (gateway, request_id, mut answer) = response();
+        answer.fingerprint = Some([0xab; 32]);
+        let entry = (gateway, request_id, answer);
+        spool
+            .append(&[replay.clone()], std::slice::from_ref(&entry))
+            .unwrap();
+        let (path, _) = spool.current.as_ref().unwrap();
+        let text = std::fs::read_to_string(path).unwrap();
+        assert!(
+            text.contains(&format!("\"fingerprint_hex\":\"{}\"", "ab".repeat(32))),
+            "{text}"
+        );
+        assert!(text.contains("\"first_decision_id\":\"0192\""), "{text}");
+        let (records, remembered) = read_spool_file(path).unwrap();
+        assert_eq!((records, remembered), (vec![replay], vec![entry]));
     }
 
     #[test]

@@ -129,6 +129,11 @@ fn refused(refusal: Refusal) -> Problem {
     match refusal {
         Refusal::PermissionDenied(message) => Problem { status: 403, message },
         Refusal::Unavailable(message) => Problem { status: 503, message },
+        // draft-ietf-httpapi-idempotency-key-header: a key reused with another request is 422.
+        Refusal::RequestIdReused { request_id } => Problem {
+            status: 422,
+            message: pipeline::reused("X-Request-ID", &request_id),
+        },
     }
 }
 
@@ -383,6 +388,7 @@ async fn decide<S: Store>(
         caller: item.caller,
         request_id,
         door: Door::Authzen,
+        retry_facts: Vec::new(),
     };
     let remember: Remember = Arc::new(|answer: &Answer<'_>| decision_object(answer).to_string().into_bytes());
     match pipeline::decide(state, active, ask, item.target, &remember)
@@ -526,6 +532,7 @@ async fn search<S: Store>(state: &State<S>, headers: &HeaderMap, body: Body) -> 
         caller,
         request_id: posted.request_id.as_deref(),
         door: Door::Authzen,
+        retry_facts: Vec::new(),
     };
     let listing = pipeline::list(state, &active, ask)
         .await

@@ -64,6 +64,7 @@ impl<S: Store> DecisionService for Decisions<S> {
             caller,
             request_id: (!request_id.is_empty()).then_some(request_id.as_str()),
             door: Door::Capgate,
+            retry_facts: Vec::new(),
         };
         let encode: Remember = Arc::new(|answer: &Answer<'_>| response(answer).encode_to_vec());
         let replied = pipeline::decide(&self.state, &active, ask, target, &encode)
@@ -99,6 +100,7 @@ impl<S: Store> DecisionService for Decisions<S> {
             caller,
             request_id: (!request_id.is_empty()).then_some(request_id.as_str()),
             door: Door::Capgate,
+            retry_facts: Vec::new(),
         };
         let listing = pipeline::list(&self.state, &active, ask)
             .await

@@ -135,6 +135,12 @@ impl<S: Store> Authorization for ExtAuthz<S> {
             caller: forwarded.caller(),
             request_id: forwarded.request_id,
             door: Door::ExtAuthz,
+            // What the answer repeats (the JSON-RPC id its body echoes) and what tells Envoy's own
+            // retry of this check from a new request with the client's id.
+            retry_facts: vec![
+                ("received", forwarded.received.clone().unwrap_or_default()),
+                ("rpc_id", rpc_id.to_string()),
+            ],
         };
         let encode: Remember = {
             let rpc_id = rpc_id.clone();
@@ -167,6 +173,10 @@ struct Forwarded<'a> {
     /// An XFCC value or a DN, or the peer certificate as PEM (URL encoding undone).
     certificate: Option<Cow<'a, str>>,
     request_id: Option<&'a str>,
+    /// When Envoy received the request (`attributes.request.time`, `seconds.nanos`): Envoy asking
+    /// again about one request sends the same instant, a new request another, so that a
+    /// client's own `x-request-id` names one request only (docs/decisions/0027 §6).
+    received: Option<String>,
     /// The JSON-RPC `id` of the body, echoed in an error body.
     rpc_id: Value,
 }
@@ -315,6 +325,9 @@ impl<'a> Forwarded<'a> {
             api_key,
             certificate,
             request_id: request_id.map(|(_, id)| id),
+            received: attributes
+                .and_then(|attributes| attributes.request.as_ref()?.time.as_ref())
+                .map(|time| format!("{}.{:09}", time.seconds, time.nanos)),
             rpc_id,
         })
     }
@@ -634,6 +647,27 @@ fn refused(refusal: &Refusal, rpc_id: &Value) -> CheckResponse {
             Code::Unavailable,
             vec![header("retry-after", "1")],
         ),
+        Refusal::RequestIdReused { request_id } => {
+            // draft-ietf-httpapi-idempotency-key-header: a key reused with another request is 422.
+            let message = pipeline::reused(REQUEST_ID, request_id);
+            let body = json!({
+                "jsonrpc": "2.0",
+                "id": rpc_id,
+                "error": {
+                    "code": RPC_INVALID_REQUEST,
+                    "message": message,
+                    "data": { "code": "request_id_reused" },
+                },
+            });
+            return denied(
+                Code::InvalidArgument,
+                &message,
+                HttpCode::UnprocessableEntity,
+                Vec::new(),
+                &body,
+                None,
+            );
+        }
     };
     let message = refusal.to_string();
     let body = json!({

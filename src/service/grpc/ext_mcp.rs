@@ -28,7 +28,7 @@ use crate::identity::Presented;
 use crate::service::auth::Role;
 use crate::service::bounds;
 use crate::service::identify::{Asked, AssertedCaller};
-use crate::service::pipeline::{self, Answer, Ask, Remember, Replied, Target, Verdict};
+use crate::service::pipeline::{self, Answer, Ask, Refusal, Remember, Replied, Target, Verdict};
 use crate::service::State;
 use crate::store::{Door, Store};
 use crate::wire::ext_mcp::{
@@ -119,11 +119,19 @@ impl<S: Store> ExtMcp for ExtMcpDoor<S> {
             caller,
             request_id,
             door: Door::ExtMcp,
+            retry_facts: Vec::new(),
         };
         let encode: Remember = Arc::new(|answer: &Answer<'_>| checked(answer).encode_to_vec());
-        let replied = pipeline::decide(&self.state, &active, ask, Target::Tool(&exposed), &encode)
-            .await
-            .map_err(super::status)?;
+        let replied = match pipeline::decide(&self.state, &active, ask, Target::Tool(&exposed), &encode).await
+        {
+            Ok(replied) => replied,
+            // An answer, not a gRPC error: agentgateway may be set to let a request through when
+            // the callout fails (docs/decisions/0027 §4).
+            Err(Refusal::RequestIdReused { request_id }) => {
+                return Ok(Response::new(reused_request(&request_id)))
+            }
+            Err(refusal) => return Err(super::status(refusal)),
+        };
         match replied {
             Replied::Fresh(answer) => Ok(Response::new(checked(&answer))),
             Replied::Replayed(bytes) => McpRequestResult::decode(bytes.as_slice())
@@ -160,6 +168,7 @@ impl<S: Store> ExtMcp for ExtMcpDoor<S> {
             caller,
             request_id: None,
             door: Door::ExtMcp,
+            retry_facts: Vec::new(),
         };
         let listing = pipeline::list(&self.state, &active, ask)
             .await
@@ -333,6 +342,37 @@ fn refused_request(code: authorization_error::Code, reason: String) -> McpReques
             code: code.into(),
             reason,
             mcp_error: None,
+        })),
+    }
+}
+
+/// A `tools/call` refused for reusing another request's `request_id`: nothing was decided.
+fn reused_request(request_id: &str) -> McpRequestResult {
+    let reason = pipeline::reused("metadata_context.request_id", request_id);
+    let data = Struct {
+        fields: [("code".to_owned(), string("request_id_reused"))]
+            .into_iter()
+            .collect(),
+    };
+    let mcp_error = Struct {
+        fields: [
+            ("code".to_owned(), number(-32600.0)),
+            ("message".to_owned(), string(&reason)),
+            (
+                "data".to_owned(),
+                Value {
+                    kind: Some(Kind::StructValue(data)),
+                },
+            ),
+        ]
+        .into_iter()
+        .collect(),
+    };
+    McpRequestResult {
+        result: Some(mcp_request_result::Result::Error(AuthorizationError {
+            code: authorization_error::Code::Invalid.into(),
+            reason,
+            mcp_error: Some(mcp_error),
         })),
     }
 }

@@ -9,7 +9,8 @@ pub mod ext_authz;
 pub mod ext_mcp;
 pub mod policies;
 
-use tonic::Status;
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
 
 use super::pipeline::Refusal;
 
@@ -19,5 +20,13 @@ pub(super) fn status(refusal: Refusal) -> Status {
     match refusal {
         Refusal::PermissionDenied(message) => Status::permission_denied(message),
         Refusal::Unavailable(message) => Status::unavailable(message),
+        Refusal::RequestIdReused { request_id } => {
+            let message = crate::service::pipeline::reused("request_id", &request_id);
+            Status::with_error_details(
+                Code::InvalidArgument,
+                message.clone(),
+                ErrorDetails::with_bad_request_violation("request_id", message),
+            )
+        }
     }
 }

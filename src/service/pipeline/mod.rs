@@ -25,7 +25,7 @@ use capgate_core::accounts::SecretRef;
 use capgate_core::capabilities::{ToolDescriptor, Transport};
 use capgate_core::principals::{AuthProblem, Principal};
 
-use crate::store::{AuditRecord, Door, Remembered, RememberedEntry, Store, Tally};
+use crate::store::{AuditRecord, Door, Fingerprint, Remembered, RememberedEntry, Store, Tally};
 use crate::telemetry;
 
 use super::active::Active;
@@ -34,8 +34,8 @@ use super::auth::Gateway;
 use super::identify::{identify, Asked};
 use super::State;
 
-use idempotency::Turn;
-pub use idempotency::{Turns, CLAIM_LEASE_MS, IDEMPOTENCY_RETENTION_MS};
+pub use idempotency::{Idempotency, CLAIM_LEASE_MS, IDEMPOTENCY_RETENTION_MS};
+use idempotency::{Keyed, Turn};
 
 /// A caller's question, as every door asks it.
 pub struct Ask<'a> {
@@ -48,6 +48,11 @@ pub struct Ask<'a> {
     /// The protocol the request came through: recorded, and the scope of `request_id` (the
     /// same id through two doors is two requests, each answered in its own encoding).
     pub door: Door,
+    /// What else tells this request from another that carries the same `request_id`, as the
+    /// door knows it: `(name, value)` facts that enter the request's fingerprint and nothing
+    /// else (docs/decisions/0027 §1). ext_authz: when Envoy received the request, and the
+    /// JSON-RPC id its answer echoes. Empty on the other doors.
+    pub retry_facts: Vec<(&'static str, String)>,
 }
 
 /// What the caller wants to do.
@@ -69,6 +74,18 @@ pub enum Refusal {
     /// out of reach. The caller may retry.
     #[error("{0}")]
     Unavailable(String),
+    /// The request's `request_id` belongs to another request (docs/decisions/0027): nothing was
+    /// decided or consumed. A door words it with [`reused`], naming the field the id came in.
+    #[error("{}", reused("request_id", request_id))]
+    RequestIdReused { request_id: String },
+}
+
+/// The words a reused request id is refused with, naming `field`, where the door read it.
+pub fn reused(field: &str, request_id: &str) -> String {
+    format!(
+        "`{field}` `{request_id}` was already used for another request (another caller, target or \
+         input): a retry must repeat its request exactly, and a new request needs a new id"
+    )
 }
 
 /// A decision, taken on the version `active` holds; it borrows from that version.
@@ -135,7 +152,8 @@ pub struct Seen<'a> {
 
 /// Decides one call and returns once its audit record is durable. `remember` encodes the answer
 /// as the door will want it back for a retry with the same `request_id`; it is stored in the
-/// same commit as the record.
+/// same commit as the record. A request that reuses a `request_id` of another request is
+/// refused ([`Refusal::RequestIdReused`]), recorded, and decides nothing.
 pub async fn decide<'a, S: Store>(
     state: &State<S>,
     active: &'a Arc<Active>,
@@ -144,20 +162,55 @@ pub async fn decide<'a, S: Store>(
     remember: &Remember,
 ) -> Result<Replied<'a>, Refusal> {
     let Some(request_id) = ask.request_id else {
-        return decide_once(state, active, &ask, target, remember)
+        return decide_once(state, active, &ask, target, None, remember)
             .await
             .map(Replied::Fresh);
     };
+    let keyed = state.idempotency.keyed(&ask, request_id, target);
     // One decision per (gateway, request_id) at a time on this replica, so that a retry racing
     // its original waits for it here rather than polling the store.
-    let key = idempotency::key(ask.door, request_id);
-    let _turn = state.idempotency.turn(&ask.gateway.name, &key).await;
-    if let Turn::Replay(original) = idempotency::claim(state, &ask.gateway.name, &key).await? {
-        return Ok(Replied::Replayed(original));
+    let _turn = state.idempotency.turn(&ask.gateway.name, &keyed.key).await;
+    match idempotency::claim(state, &ask.gateway.name, &keyed).await? {
+        Turn::Decide => decide_once(state, active, &ask, target, Some(&keyed), remember)
+            .await
+            .map(Replied::Fresh),
+        Turn::Replay(original) => {
+            let record =
+                record::Base::new(&ask, active, crate::clock::now()).replayed(target, &original.decision_id);
+            write(state, record).await?;
+            telemetry::rpc::request_id(ask.door, telemetry::rpc::RequestIdUse::Replayed);
+            Ok(Replied::Replayed(original.response))
+        }
+        Turn::Reused { first } => {
+            reused_id(state, active, &ask, target, first).await?;
+            Err(Refusal::RequestIdReused {
+                request_id: request_id.to_owned(),
+            })
+        }
     }
-    decide_once(state, active, &ask, target, remember)
-        .await
-        .map(Replied::Fresh)
+}
+
+/// Records a request refused for reusing another request's `request_id`: who tried (identified as
+/// any caller is, but decided nothing), what they asked for, and the decision the id belongs to.
+async fn reused_id<S: Store>(
+    state: &State<S>,
+    active: &Arc<Active>,
+    ask: &Ask<'_>,
+    target: Target<'_>,
+    first: Option<String>,
+) -> Result<(), Refusal> {
+    let at_ms = crate::clock::now();
+    let identified = match identify(&state.oidc, active, ask.gateway, &ask.caller, at_ms).await {
+        Ok(identified) => Some(identified),
+        // The gateway may not ask this way at all: that refusal comes first, as for any request.
+        Err(refusal @ Refusal::PermissionDenied(_)) => return Err(refusal),
+        // Who it was cannot be told now (an identity provider out of reach): recorded as asked.
+        Err(_) => None,
+    };
+    let record = record::Base::new(ask, active, at_ms).reused(identified.as_ref(), target, first);
+    write(state, record).await?;
+    telemetry::rpc::request_id(ask.door, telemetry::rpc::RequestIdUse::Reused);
+    Ok(())
 }
 
 async fn decide_once<'a, S: Store>(
@@ -165,6 +218,7 @@ async fn decide_once<'a, S: Store>(
     active: &'a Arc<Active>,
     ask: &Ask<'_>,
     target: Target<'a>,
+    keyed: Option<&Keyed>,
     remember: &Remember,
 ) -> Result<Answer<'a>, Refusal> {
     let at_ms = crate::clock::now();
@@ -180,7 +234,7 @@ async fn decide_once<'a, S: Store>(
                 verdict: Verdict::Unauthenticated(problem),
             };
             record::unauthenticated(&mut record, problem);
-            return finish(state, ask, record, answer, remember).await;
+            return finish(state, ask, keyed, record, answer, remember).await;
         }
     };
     record::principal(&mut record, &principal);
@@ -196,7 +250,7 @@ async fn decide_once<'a, S: Store>(
                     active,
                     verdict: Verdict::UnknownTool(name.to_owned()),
                 };
-                return finish(state, ask, record, answer, remember).await;
+                return finish(state, ask, keyed, record, answer, remember).await;
             }
         },
         Target::Capability(capability) => (capability, None),
@@ -206,7 +260,7 @@ async fn decide_once<'a, S: Store>(
     let ask_to_count = match metering::first(&prepared, &principal.id, capability, at_ms) {
         metering::First::Final(metered) => {
             let answer = answered(active, &mut record, capability, tool, metered);
-            return finish(state, ask, record, answer, remember).await;
+            return finish(state, ask, keyed, record, answer, remember).await;
         }
         metering::First::Capped(ask_to_count) => ask_to_count,
     };
@@ -221,12 +275,7 @@ async fn decide_once<'a, S: Store>(
             Target::Capability(_) => None,
         },
         record,
-        remembered: ask.request_id.map(|request_id| {
-            (
-                ask.gateway.name.clone(),
-                idempotency::key(ask.door, request_id).into_owned(),
-            )
-        }),
+        remembered: keyed.map(|keyed| (ask.gateway.name.clone(), keyed.key.clone(), keyed.fingerprint)),
         remember: remember.clone(),
     });
     let settling = capped.clone();
@@ -255,8 +304,8 @@ struct Capped {
     target_tool: Option<String>,
     /// The record as far as it is known before counting.
     record: AuditRecord,
-    /// `(gateway, request key)` when the answer is remembered for retries.
-    remembered: Option<(String, String)>,
+    /// `(gateway, request key, fingerprint)` when the answer is remembered for retries.
+    remembered: Option<(String, String, Fingerprint)>,
     remember: Remember,
 }
 
@@ -272,7 +321,7 @@ impl Capped {
         let metered = metering::settled(&prepared, &self.capability, self.record.at_ms, tally);
         let mut record = self.record.clone();
         let answer = answered(active, &mut record, &self.capability, tool, metered);
-        let remembered = self.remembered.iter().map(|(gateway, key)| {
+        let remembered = self.remembered.iter().map(|(gateway, key, fingerprint)| {
             (
                 gateway.clone(),
                 key.clone(),
@@ -280,6 +329,7 @@ impl Capped {
                     decision_id: answer.decision_id.clone(),
                     response: (self.remember)(&answer),
                     at_ms: answer.at_ms,
+                    fingerprint: Some(*fingerprint),
                 },
             )
         });
@@ -335,19 +385,21 @@ fn route<'a>(active: &'a Active, tool: &ToolDescriptor) -> Option<&'a Transport>
 async fn finish<'a, S: Store>(
     state: &State<S>,
     ask: &Ask<'_>,
+    keyed: Option<&Keyed>,
     record: crate::store::AuditRecord,
     answer: Answer<'a>,
     remember: &Remember,
 ) -> Result<Answer<'a>, Refusal> {
-    let remembered = match ask.request_id {
+    let remembered = match keyed {
         None => Vec::new(),
-        Some(request_id) => vec![(
+        Some(keyed) => vec![(
             ask.gateway.name.clone(),
-            idempotency::key(ask.door, request_id).into_owned(),
+            keyed.key.clone(),
             Remembered {
                 decision_id: answer.decision_id.clone(),
                 response: remember(&answer),
                 at_ms: record.at_ms,
+                fingerprint: Some(keyed.fingerprint),
             },
         )],
     };

@@ -37,20 +37,47 @@ impl Base {
     /// names the target as asked for from the start, so that a caller who is never identified
     /// still leaves a record of what they tried (bounded: the door checked its length).
     pub(super) fn decide(&self, identified: &Identified, target: Target<'_>) -> AuditRecord {
+        let mut record = self.record(RecordKind::Decide, Some(identified));
+        asked_for(&mut record, target);
+        record
+    }
+
+    /// A retry answered with the answer of `first`, the decision it repeats: nothing was decided,
+    /// and the caller is the one `first` records (the retry's fingerprint is that request's).
+    pub(super) fn replayed(&self, target: Target<'_>, first: &str) -> AuditRecord {
+        let mut record = self.record(RecordKind::Decide, None);
+        asked_for(&mut record, target);
+        record.outcome = RecordOutcome::Replayed;
+        record.first_decision_id = Some(first.to_owned());
+        record
+    }
+
+    /// A request refused for reusing the `request_id` of another request (`first`, once known):
+    /// who tried, as far as identification tells (`None`: it could not be finished), and what
+    /// they asked for. Nothing was decided.
+    pub(super) fn reused(
+        &self,
+        identified: Option<&Identified>,
+        target: Target<'_>,
+        first: Option<String>,
+    ) -> AuditRecord {
         let mut record = self.record(RecordKind::Decide, identified);
-        match target {
-            Target::Tool(name) => record.tool = Some(name.to_owned()),
-            Target::Capability(capability) => record.capability = Some(capability.to_owned()),
+        asked_for(&mut record, target);
+        if let Some(Ok(principal)) = identified.map(|identified| &identified.outcome) {
+            record.principal_id = Some(principal.id.clone());
         }
+        record.outcome = RecordOutcome::RequestIdReused;
+        record.first_decision_id = first;
         record
     }
 
     /// One listing record.
     pub(super) fn list(&self, identified: &Identified) -> AuditRecord {
-        self.record(RecordKind::List, identified)
+        self.record(RecordKind::List, Some(identified))
     }
 
-    fn record(&self, kind: RecordKind, identified: &Identified) -> AuditRecord {
+    /// A record of `kind` by the caller `identified` (`None`: not known).
+    fn record(&self, kind: RecordKind, identified: Option<&Identified>) -> AuditRecord {
         AuditRecord {
             decision_id: Uuid::now_v7().to_string(),
             at_ms: self.at_ms,
@@ -58,12 +85,20 @@ impl Base {
             gateway: self.gateway.clone(),
             door: self.door,
             kind,
-            issuer: identified.issuer.clone(),
-            subject: identified.subject.clone(),
+            issuer: identified.and_then(|identified| identified.issuer.clone()),
+            subject: identified.and_then(|identified| identified.subject.clone()),
             policy_version: Some(self.policy_version.clone()),
             policy_revision: Some(self.policy_revision),
             ..AuditRecord::default()
         }
+    }
+}
+
+/// The target as asked for: a tool by its exposed name, or a capability.
+fn asked_for(record: &mut AuditRecord, target: Target<'_>) {
+    match target {
+        Target::Tool(name) => record.tool = Some(name.to_owned()),
+        Target::Capability(capability) => record.capability = Some(capability.to_owned()),
     }
 }
 

@@ -1,0 +1,403 @@
+//! Clients for every door of one `capgate serve`: capgate's own `Decide`, Envoy's ext_authz
+//! `Check`, agentgateway's ExtMCP `CheckRequest` and AuthZEN's `POST /access/v1/evaluation`, each
+//! speaking its protocol on the wire as its peer would, and the helpers that build their messages.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use capgate::store::Door;
+use capgate::wire::ext_mcp::ext_mcp_client::ExtMcpClient;
+use capgate::wire::ext_mcp::{mcp_request_result, McpRequest};
+use capgate::wire::proto::decision_service_client::DecisionServiceClient;
+use capgate::wire::proto::{credential, decide_request, decide_response, Credential, DecideRequest};
+use envoy_types::pb::envoy::service::auth::v3::attribute_context::{
+    HttpRequest, Peer, Request as HttpAttributes,
+};
+use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
+use envoy_types::pb::envoy::service::auth::v3::check_response::HttpResponse;
+use envoy_types::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest, CheckResponse};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use prost_types::value::Kind;
+use prost_types::{Struct, Value as ProtoValue};
+use serde_json::{json, Value};
+use tonic::transport::Channel;
+use tonic::Request;
+
+use super::process::Serve;
+
+/// A client for each door of one server, as the gateway whose token is `token`.
+pub struct Doors {
+    pub http: SocketAddr,
+    pub token: String,
+    pub http_client: Client<HttpConnector, Full<Bytes>>,
+    pub decisions: DecisionServiceClient<Channel>,
+    pub ext_authz: AuthorizationClient<Channel>,
+    pub ext_mcp: ExtMcpClient<Channel>,
+}
+
+/// One `tools/call` as a door carries it: the caller's own API key (`None`: no credential at
+/// all), the exposed tool name `<upstream>__<tool>`, and the gateway's request id.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyedCall<'a> {
+    pub api_key: Option<&'a str>,
+    /// The subject the key belongs to, which AuthZEN's `subject.id` must name.
+    pub subject: &'a str,
+    pub tool: &'a str,
+    pub request_id: &'a str,
+    /// ext_authz only: when Envoy received the request (`attributes.request.time`), in
+    /// milliseconds. A check Envoy retries for the same request carries the same instant; a new
+    /// request through the proxy, another.
+    pub received_ms: i64,
+}
+
+/// What a door's client read from its answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Read {
+    /// Allowed; the decision id when the door's answer carries one (an ExtMCP `Pass` does not).
+    Allow {
+        decision_id: Option<String>,
+    },
+    Deny {
+        code: String,
+        decision_id: Option<String>,
+    },
+    Unauthenticated {
+        code: String,
+    },
+    /// Refused because the request id was used for another request: the door's words.
+    ReusedId {
+        message: String,
+    },
+    /// Anything else, as the client saw it.
+    Other(String),
+}
+
+impl Read {
+    pub fn is_allow(&self) -> bool {
+        matches!(self, Read::Allow { .. })
+    }
+
+    pub fn decision_id(&self) -> Option<&str> {
+        match self {
+            Read::Allow { decision_id } | Read::Deny { decision_id, .. } => decision_id.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+impl Doors {
+    /// Clients for `serve`, whose `--http-listen` address is read from its log.
+    pub async fn connect(serve: &Serve, token: &str) -> Doors {
+        let channel = serve.channel().await;
+        Doors {
+            http: http_addr(serve),
+            token: token.to_owned(),
+            http_client: Client::builder(TokioExecutor::new()).build_http(),
+            decisions: DecisionServiceClient::new(channel.clone()),
+            ext_authz: AuthorizationClient::new(channel.clone()),
+            ext_mcp: ExtMcpClient::new(channel),
+        }
+    }
+
+    /// `message` with this gateway's token in the call's metadata.
+    pub fn as_gateway<T>(&self, message: T) -> Request<T> {
+        as_gateway(message, &self.token)
+    }
+
+    /// Asks for `call` through `door`.
+    pub async fn keyed(&mut self, door: Door, call: KeyedCall<'_>) -> Read {
+        match door {
+            Door::Capgate => self.keyed_decide(call).await,
+            Door::ExtAuthz => self.keyed_check(call).await,
+            Door::ExtMcp => self.keyed_check_request(call).await,
+            Door::Authzen => self.keyed_evaluate(call).await,
+        }
+    }
+
+    async fn keyed_decide(&mut self, call: KeyedCall<'_>) -> Read {
+        let request = DecideRequest {
+            caller: Some(decide_request::Caller::Credential(Credential {
+                kind: call.api_key.map(|key| credential::Kind::ApiKey(key.to_owned())),
+                issuer: String::new(),
+            })),
+            target: Some(decide_request::Target::Tool(call.tool.to_owned())),
+            request_id: call.request_id.to_owned(),
+        };
+        let response = match self.decisions.decide(self.as_gateway(request)).await {
+            Ok(response) => response.into_inner(),
+            Err(status) if mentions_request_id(status.message()) => {
+                return Read::ReusedId {
+                    message: format!("{:?}: {}", status.code(), status.message()),
+                }
+            }
+            Err(status) => return Read::Other(format!("{status:?}")),
+        };
+        match &response.result {
+            Some(decide_response::Result::Decision(decision)) => {
+                let decision_id = Some(response.decision_id.clone());
+                if decision.outcome() == capgate::wire::proto::Outcome::Allow {
+                    Read::Allow { decision_id }
+                } else {
+                    let code = decision.reason.as_ref().map(|reason| reason.code());
+                    Read::Deny {
+                        code: code.map(super::client::recorded_code).unwrap_or_default(),
+                        decision_id,
+                    }
+                }
+            }
+            Some(decide_response::Result::Unauthenticated(problem)) => Read::Unauthenticated {
+                code: problem.problem().as_str_name().to_owned(),
+            },
+            other => Read::Other(format!("{other:?}")),
+        }
+    }
+
+    async fn keyed_check(&mut self, call: KeyedCall<'_>) -> Read {
+        let mut headers = vec![
+            ("mcp-method", "tools/call"),
+            ("mcp-name", call.tool),
+            ("x-request-id", call.request_id),
+        ];
+        if let Some(key) = call.api_key {
+            headers.push(("x-api-key", key));
+        }
+        let mut request = forwarded(&headers);
+        if let Some(http) = request.attributes.as_mut().and_then(|a| a.request.as_mut()) {
+            http.time = Some(envoy_types::pb::google::protobuf::Timestamp {
+                seconds: call.received_ms.div_euclid(1000),
+                nanos: (call.received_ms.rem_euclid(1000) * 1_000_000) as i32,
+            });
+        }
+        match self.ext_authz.check(self.as_gateway(request)).await {
+            Ok(response) => read_check(&response.into_inner()),
+            Err(status) => Read::Other(format!("{status:?}")),
+        }
+    }
+
+    async fn keyed_check_request(&mut self, call: KeyedCall<'_>) -> Read {
+        let (service, name) = call.tool.split_once("__").expect("an exposed name");
+        let mut context = Struct::default();
+        if let Some(key) = call.api_key {
+            context.fields.insert("api_key".to_owned(), string(key));
+        }
+        context
+            .fields
+            .insert("request_id".to_owned(), string(call.request_id));
+        let request = McpRequest {
+            service_name: service.to_owned(),
+            method: "tools/call".to_owned(),
+            metadata_context: Some(context),
+            mcp_request: Some(structure(&[("name", string(name)), ("arguments", object(&[]))])),
+        };
+        let result = match self.ext_mcp.check_request(self.as_gateway(request)).await {
+            Ok(result) => result.into_inner(),
+            Err(status) => return Read::Other(format!("{status:?}")),
+        };
+        match &result.result {
+            Some(mcp_request_result::Result::Pass(_)) => Read::Allow { decision_id: None },
+            Some(mcp_request_result::Result::Error(error)) => {
+                let payload = error.mcp_error.as_ref().map(proto_to_json).unwrap_or(Value::Null);
+                let code = payload["data"]["code"].as_str().unwrap_or_default().to_owned();
+                let decision_id = payload["data"]["decision_id"].as_str().map(str::to_owned);
+                match code.as_str() {
+                    "request_id_reused" => Read::ReusedId {
+                        message: error.reason.clone(),
+                    },
+                    "" => Read::Other(format!("{error:?}")),
+                    code if code.starts_with("credential_") || code.starts_with("issuer_") => {
+                        Read::Unauthenticated {
+                            code: code.to_owned(),
+                        }
+                    }
+                    _ => Read::Deny { code, decision_id },
+                }
+            }
+            other => Read::Other(format!("{other:?}")),
+        }
+    }
+
+    async fn keyed_evaluate(&mut self, call: KeyedCall<'_>) -> Read {
+        let body = json!({
+            "subject": {"type": "identity", "id": call.subject,
+                "properties": {"api_key": call.api_key.unwrap_or_default()}},
+            "action": {"name": "tools/call"},
+            "resource": {"type": "tool", "id": call.tool},
+        });
+        let (status, answer) = self
+            .post(
+                "/access/v1/evaluation",
+                &body,
+                &[("x-request-id", call.request_id)],
+            )
+            .await;
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        if status != 200 {
+            return if mentions_request_id(message) {
+                Read::ReusedId {
+                    message: format!("{status}: {message}"),
+                }
+            } else {
+                Read::Other(format!("{status}: {answer}"))
+            };
+        }
+        let reason = &answer["context"]["reason"];
+        let code = reason["code"].as_str().unwrap_or_default().to_owned();
+        let decision_id = answer["context"]["decision_id"].as_str().map(str::to_owned);
+        match (&answer["decision"], code.as_str()) {
+            (Value::Bool(true), _) => Read::Allow { decision_id },
+            (Value::Bool(false), "unauthenticated") => Read::Unauthenticated {
+                code: reason["problem"].as_str().unwrap_or_default().to_owned(),
+            },
+            (Value::Bool(false), _) => Read::Deny { code, decision_id },
+            _ => Read::Other(answer.to_string()),
+        }
+    }
+
+    /// `POST path` on the HTTP listener as this gateway, with `headers`: the status and the
+    /// body (`null` when it is not JSON).
+    pub async fn post(&self, path: &str, body: &Value, headers: &[(&str, &str)]) -> (u16, Value) {
+        let mut request = hyper::Request::builder()
+            .method("POST")
+            .uri(format!("http://{}{path}", self.http))
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {}", self.token));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.to_string())))
+            .expect("a request");
+        let response = self.http_client.request(request).await.expect("an HTTP answer");
+        let status = response.status().as_u16();
+        let bytes = response.into_body().collect().await.expect("a body").to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+}
+
+/// Whether a refusal's words name the `request_id` (as every door's refusal of a reused id does).
+fn mentions_request_id(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    message.contains("request_id") || message.contains("request id") || message.contains("x-request-id")
+}
+
+/// A `CheckResponse` as Envoy acts on it: `OK` is an allow; a denial is read from its JSON-RPC
+/// error body's `data.code`.
+pub fn read_check(response: &CheckResponse) -> Read {
+    match &response.http_response {
+        Some(HttpResponse::OkResponse(ok)) => {
+            let decision_id = ok
+                .headers
+                .iter()
+                .filter_map(|option| option.header.as_ref())
+                .find(|header| header.key == "x-capgate-decision-id")
+                .map(|header| header.value.clone());
+            Read::Allow { decision_id }
+        }
+        Some(HttpResponse::DeniedResponse(denied)) => {
+            let http = denied.status.as_ref().map_or(-1, |status| status.code);
+            let body: Value = serde_json::from_str(&denied.body).unwrap_or(Value::Null);
+            let data = &body["error"]["data"];
+            let code = data["code"].as_str().unwrap_or_default().to_owned();
+            let decision_id = data["decision_id"].as_str().map(str::to_owned);
+            match (http, code.as_str()) {
+                (_, "request_id_reused") => Read::ReusedId {
+                    message: format!("{http}: {}", body["error"]["message"]),
+                },
+                (401, code) => Read::Unauthenticated {
+                    code: code.to_owned(),
+                },
+                (_, "") => Read::Other(format!("{response:?}")),
+                _ => Read::Deny { code, decision_id },
+            }
+        }
+        other => Read::Other(format!("{other:?}")),
+    }
+}
+
+pub fn as_gateway<T>(message: T, token: &str) -> Request<T> {
+    let mut request = Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().expect("ascii"));
+    request
+}
+
+/// The address `--http-listen` resolved to, from the start-up log line.
+pub fn http_addr(serve: &Serve) -> SocketAddr {
+    serve
+        .logs()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|line| line["fields"]["message"] == "serving AuthZEN")
+        .and_then(|line| line["fields"]["addresses"].as_str()?.parse().ok())
+        .unwrap_or_else(|| panic!("no AuthZEN address logged:\n{}", serve.logs()))
+}
+
+/// A forwarded HTTP request with these headers (names lower-case, as Envoy sends them).
+pub fn forwarded(headers: &[(&str, &str)]) -> CheckRequest {
+    CheckRequest {
+        attributes: Some(AttributeContext {
+            source: Some(Peer::default()),
+            request: Some(HttpAttributes {
+                http: Some(HttpRequest {
+                    method: "POST".into(),
+                    path: "/mcp".into(),
+                    host: "mcp.example.net".into(),
+                    headers: headers
+                        .iter()
+                        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+                        .collect(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+pub fn string(text: &str) -> ProtoValue {
+    ProtoValue {
+        kind: Some(Kind::StringValue(text.to_owned())),
+    }
+}
+
+pub fn object(fields: &[(&str, ProtoValue)]) -> ProtoValue {
+    ProtoValue {
+        kind: Some(Kind::StructValue(structure(fields))),
+    }
+}
+
+pub fn structure(fields: &[(&str, ProtoValue)]) -> Struct {
+    Struct {
+        fields: fields
+            .iter()
+            .map(|(key, value)| ((*key).to_owned(), value.clone()))
+            .collect::<BTreeMap<_, _>>(),
+    }
+}
+
+/// A protobuf `Struct` as the JSON it stands for.
+pub fn proto_to_json(value: &Struct) -> Value {
+    fn of(value: &ProtoValue) -> Value {
+        match &value.kind {
+            Some(Kind::StringValue(text)) => json!(text),
+            Some(Kind::NumberValue(number)) => json!(number),
+            Some(Kind::BoolValue(flag)) => json!(flag),
+            Some(Kind::StructValue(inner)) => proto_to_json(inner),
+            Some(Kind::ListValue(list)) => Value::Array(list.values.iter().map(of).collect()),
+            Some(Kind::NullValue(_)) | None => Value::Null,
+        }
+    }
+    Value::Object(
+        value
+            .fields
+            .iter()
+            .map(|(key, value)| (key.clone(), of(value)))
+            .collect(),
+    )
+}
