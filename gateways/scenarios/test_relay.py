@@ -17,6 +17,8 @@ import anyio
 import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import ResourceUpdated
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from harness import EVERYTHING, SCENARIOS, Caller, HttpGateway, json_event, mcp_client, render, sha256, start_http_gateway
 from scenario import mint_caller, transcript
@@ -184,3 +186,40 @@ def test_subscriptions_and_logs_reach_the_session_that_asked(gateway, relaying: 
 
     drive(relaying, caller, work, on_message=on_message)
     assert_attributed(gateway, relaying, caller, {"resources/subscribe", "logging/setLevel", "resources/unsubscribe"})
+
+
+def test_a_listen_stream_hears_the_resources_it_names(gateway, relaying: HttpGateway) -> None:  # noqa: ANN001
+    """2026-07-28: the resource URIs of `subscriptions/listen` are subscribed upstream for the stream's
+    life; one that no upstream the caller reaches serves is left out of what is honoured."""
+    caller = mint_caller(gateway.world, "ana")
+
+    async def work(client: Any) -> list[str]:
+        assert client.protocol_version in MODERN_PROTOCOL_VERSIONS, client.protocol_version
+        async with client.listen(resource_subscriptions=[FEATURES_DOC, "demo://nowhere/7"]) as subscription:
+            honoured = list(subscription.honored.resource_subscriptions or [])
+            assert not (await client.call_tool("everything__toggle-subscriber-updates", {})).is_error
+            try:
+                with anyio.fail_after(15):
+                    async for event in subscription:
+                        if isinstance(event, ResourceUpdated) and event.uri == FEATURES_DOC:
+                            break
+            finally:
+                await client.call_tool("everything__toggle-subscriber-updates", {})
+        return honoured
+
+    assert drive(relaying, caller, work, transport="http") == [FEATURES_DOC]
+    assert_attributed(gateway, relaying, caller, {"resources/subscribe"})
+
+
+def test_a_method_the_upstreams_revision_lacks_is_its_own_refusal(gateway, relaying: HttpGateway) -> None:  # noqa: ANN001
+    """Our stdio upstream speaks 2026-07-28, which has no resources/subscribe: the caller gets -32601
+    as from the upstream itself, and the upstream session stays (the next read is answered)."""
+    caller = mint_caller(gateway.world, "ana")
+
+    async def work(client: Any) -> tuple[MCPError, Any]:
+        return await refused(client.subscribe_resource("probe://whoami")), await client.read_resource("probe://whoami")
+
+    error, read = drive(relaying, caller, work)
+    gateway.transcripts.append(transcript(error))
+    assert error.code == types.METHOD_NOT_FOUND, transcript(error)
+    assert read.contents[0].text.startswith("credential-sha256: ")

@@ -23,6 +23,7 @@ import {
   listResources,
   promptRoute,
   type Feature,
+  type Listener,
   type Reach,
   type RelayedUpstream,
 } from "./relay.js";
@@ -238,6 +239,47 @@ export class Gateway {
     });
   }
 
+  /**
+   * A 2026-07-28 `subscriptions/listen` that names resource URIs: each URI an
+   * upstream the caller reaches serves is subscribed upstream for the
+   * stream's life (its updates reach the stream through the HTTP handler's
+   * notifier); the others are left out of the filter, so the acknowledgement
+   * says what was honoured. Nothing is honoured when the caller cannot be
+   * authenticated or capgate does not answer: fail closed.
+   */
+  async holdSubscriptions(credential: CallerCredential, uris: readonly string[]): Promise<{ honoured: string[]; release: () => void }> {
+    const none = { honoured: [], release: () => undefined };
+    if (!this.relay.features.has("resources") || uris.length === 0) return none;
+    let reaches: Reach[];
+    try {
+      reaches = await this.relay.reach(this.#credential(credential), "resources", "subscriptions/listen");
+    } catch {
+      return none; // logged by reach
+    }
+    const holder = streamHolder();
+    const held: Array<{ reach: Reach; uri: string }> = [];
+    for (const uri of uris) {
+      const reach = await this.relay.routeResource(reaches, uri);
+      if (reach === undefined) continue;
+      try {
+        await this.relay.send(reach, "resources/subscribe", uri, (client, options) => client.subscribeResource({ uri }, options));
+      } catch {
+        continue; // logged by send
+      }
+      this.fanout.subscribe(reach.key, uri, holder);
+      held.push({ reach, uri });
+    }
+    const release = () => {
+      for (const { reach, uri } of held.splice(0)) {
+        if (!this.fanout.unsubscribe(reach.key, uri, holder)) continue;
+        this.relay
+          .send(reach, "resources/unsubscribe", uri, (client, options) => client.unsubscribeResource({ uri }, options))
+          .catch(() => undefined); // logged by send
+      }
+    };
+    return { honoured: held.map((h) => h.uri), release };
+  }
+
   #relayLogging(server: Server, caller: Caller): void {
     server.setRequestHandler("logging/setLevel", async (request, ctx) => {
       const { level } = request.params;
@@ -355,6 +397,12 @@ export class Gateway {
     }
     return this.#listeners.size;
   }
+}
+
+/** A listen stream's place among a resource's subscribers: it hears through the notifier, not here. */
+function streamHolder(): Listener {
+  const quiet = async () => undefined;
+  return { sendResourceUpdated: quiet, sendResourceListChanged: quiet, sendPromptListChanged: quiet, sendLoggingMessage: quiet };
 }
 
 function truncateUtf8(text: string, maxBytes: number): string {

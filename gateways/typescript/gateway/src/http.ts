@@ -78,6 +78,19 @@ async function readBody(req: IncomingMessage): Promise<string | undefined> {
   return Buffer.concat(chunks).toString("utf8");
 }
 
+interface ListenRequest {
+  method: "subscriptions/listen";
+  params: { notifications: { resourceSubscriptions: string[] } };
+}
+
+/** The resource URIs a 2026-07-28 `subscriptions/listen` request asks to hear about. */
+function listenedResources(body: unknown): string[] {
+  const message = body as { method?: unknown; params?: { notifications?: { resourceSubscriptions?: unknown } } } | null;
+  if (message?.method !== "subscriptions/listen") return [];
+  const uris = message.params?.notifications?.resourceSubscriptions;
+  return Array.isArray(uris) ? uris.filter((u): u is string => typeof u === "string") : [];
+}
+
 export interface HttpGateway {
   readonly url: string;
   close(): Promise<void>;
@@ -158,6 +171,14 @@ export async function serveHttp(
     }
 
     if (req.method === "POST" && !(await isLegacyRequest(await toWebRequest(req, body), body))) {
+      const uris = listenedResources(body);
+      if (uris.length > 0) {
+        // The SDK serves subscriptions/listen itself; the resources it names are subscribed
+        // upstream here, for as long as the stream stays open.
+        const held = await gateway.holdSubscriptions(credentialOf(token), uris);
+        (body as ListenRequest).params.notifications.resourceSubscriptions = held.honoured;
+        res.once("close", held.release);
+      }
       await serveModern(req, res, body);
       return;
     }

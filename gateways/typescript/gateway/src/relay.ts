@@ -210,7 +210,7 @@ export interface RelayDeps {
   readonly logger: Logger;
 }
 
-type Send<T> = (client: Client, options: { timeout: number; signal: AbortSignal }) => Promise<T>;
+type Send<T> = (client: Client, options: { timeout: number }) => Promise<T>;
 
 export class Relay {
   readonly features: ReadonlySet<Feature>;

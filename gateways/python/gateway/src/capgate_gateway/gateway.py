@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import mcp_types as types
 from capgate_client import (
     Allow,
@@ -81,6 +82,7 @@ class Gateway:
         self.fanout = fanout or Fanout()
         self.bus = self.fanout.bus
         self.relay = Relay(relayed, capgate, secrets, upstreams, self.fanout, decide_timeout=decide_timeout)
+        self._listener = ListenHandler(self.bus)
         self.server = self._build_server()
 
     # ── the MCP server ───────────────────────────────────────────────────────
@@ -91,7 +93,7 @@ class Gateway:
             version="0.1.0",
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
-            on_subscriptions_listen=ListenHandler(self.bus),
+            on_subscriptions_listen=self._listen,
             # Listings are per caller and change with the policy: never cached, never shared.
             cache_hints={"tools/list": CacheHint(ttl_ms=0, scope="private")},
             # Without this the SDK would list tools (a ListVisible, audited) before each
@@ -333,6 +335,46 @@ class Gateway:
             reach, ref, target = found, params.ref, params.ref.uri
         return await self.relay.send(reach, "completion/complete", target, lambda c: c.complete(ref, argument, context))
 
+    async def _listen(
+        self, ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        """2026-07-28 `subscriptions/listen`: each resource URI of the filter that an upstream the
+        caller reaches serves is subscribed upstream for the stream's life (its updates reach the
+        stream through the bus); the others are left out of the filter, so the acknowledgement says
+        what was honoured. Nothing is honoured when the caller cannot be identified: fail closed."""
+        uris = list(params.notifications.resource_subscriptions or ())
+        if not uris or "resources" not in self.relay.features:
+            return await self._listener(ctx, params)
+        try:
+            reaches = await self.relay.reach(self._credential(ctx), "resources", "subscriptions/listen")
+        except MCPError:
+            reaches = []  # logged by reach
+        holder = _StreamHolder()
+        held: list[tuple[Reach, str]] = []
+        for uri in uris:
+            reach = await self.relay.route_resource(reaches, uri)
+            if reach is None:
+                continue
+            try:
+                await self.relay.send(reach, "resources/subscribe", uri, lambda c, u=uri: c.session.subscribe_resource(u))
+            except MCPError:
+                continue  # logged by send
+            self.fanout.subscribe(reach.key, uri, holder)
+            held.append((reach, uri))
+        honoured = params.notifications.model_copy(update={"resource_subscriptions": [u for _, u in held] or None})
+        try:
+            return await self._listener(ctx, params.model_copy(update={"notifications": honoured}))
+        finally:
+            with anyio.CancelScope(shield=True):
+                for reach, uri in held:
+                    if not self.fanout.unsubscribe(reach.key, uri, holder):
+                        continue
+                    try:
+                        await self.relay.send(reach, "resources/unsubscribe", uri,
+                                              lambda c, u=uri: c.session.unsubscribe_resource(u))
+                    except MCPError:
+                        pass  # logged by send
+
     async def _set_logging_level(
         self, ctx: ServerRequestContext[Any, Any], params: types.SetLevelRequestParams
     ) -> types.EmptyResult:
@@ -355,6 +397,13 @@ class Gateway:
             logs.event("note_unimplemented", logging.WARNING, decision_id=decision_id, kind=str(kind))
         except CapgateError as error:
             logs.event("note_failed", logging.WARNING, decision_id=decision_id, kind=str(kind), status=error.status)
+
+
+class _StreamHolder:
+    """A listen stream's place among a resource's subscribers: it hears through the bus, not here."""
+
+    async def send_resource_updated(self, uri: str) -> None:
+        return None
 
 
 def _connection(ctx: ServerRequestContext[Any, Any]) -> Any:
