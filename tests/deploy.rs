@@ -10,10 +10,21 @@
 //!   `--help` lists for that subcommand. The checker is also run on snippets with a bogus flag, so
 //!   it is seen to fail;
 //! * with `kubectl` on the PATH, `kubectl kustomize` builds the Kubernetes directory; with
-//!   `systemd-analyze`, `systemd-analyze verify` accepts the unit (and rejects a broken copy).
+//!   `systemd-analyze`, `systemd-analyze verify` accepts the unit (and rejects a broken copy);
+//! * the image's build stage can build (issue 29): the build context as
+//!   `deploy/Containerfile.dockerignore` selects it (Docker's rules, reimplemented here), laid out
+//!   as the Containerfile's COPY lines say, resolves with `cargo metadata --locked --offline`, and
+//!   holds every repository file the compiler read for `capgate` (cargo's dep-info next to the
+//!   binary) and every input build.rs declares. Broken copies (`core/` left out, a COPY line
+//!   dropped) are seen to fail;
+//! * the header of deploy/compose.yaml works as written: its exports set every variable the file
+//!   requires, and the capgate service, run with the file's command line and environment (SQLite
+//!   for its PostgreSQL), answers the header's `capgate decide` with an allow — and refuses the
+//!   header's former question (issue 29), so the check is seen to fail.
 //!
-//! Not checked here: building the image, and applying the manifests to a real API server (no
-//! engine, no cluster). Those are read, not run; docs/operations.md says so.
+//! Not checked here: running the image build itself (no engine, no base images, and a 40-minute
+//! compile), and applying the manifests to a real API server (no cluster). docs/operations.md says
+//! so.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -21,6 +32,8 @@ use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 
 use saphyr::{LoadableYamlNode, Yaml};
+
+mod support;
 
 const BIN: &str = env!("CARGO_BIN_EXE_capgate");
 
@@ -586,6 +599,309 @@ fn deployment_invocations() -> Vec<Invocation> {
     let containerfile = "deploy/Containerfile";
     invocations.extend(containerfile_invocations(containerfile, &read(containerfile)));
     invocations
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The image's build context and build stage
+// ---------------------------------------------------------------------------------------------------
+
+/// One rule of a `.dockerignore` file: a pattern (by path segment) and whether it lets paths back
+/// in (`!`).
+#[derive(Debug)]
+struct IgnoreRule {
+    segments: Vec<String>,
+    include: bool,
+}
+
+/// The rules of a `.dockerignore` text, in order. A leading `/` and a trailing `/` mean nothing to
+/// Docker; character classes and escapes are refused, so that they are never half-understood here.
+fn ignore_rules(text: &str) -> Vec<IgnoreRule> {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(|line| {
+            let (include, pattern) = match line.strip_prefix('!') {
+                Some(rest) => (true, rest.trim()),
+                None => (false, line),
+            };
+            assert!(
+                !pattern.contains(['[', '\\']),
+                "`{line}`: this checker knows `*`, `?` and `**`, not classes or escapes"
+            );
+            let segments = pattern
+                .trim_matches('/')
+                .split('/')
+                .filter(|segment| !segment.is_empty() && *segment != ".")
+                .map(str::to_owned)
+                .collect();
+            IgnoreRule { segments, include }
+        })
+        .collect()
+}
+
+/// Whether a glob segment matches one path segment: `*` any run of characters, `?` one.
+fn segment_matches(pattern: &[u8], name: &[u8]) -> bool {
+    match (pattern.split_first(), name.split_first()) {
+        (None, None) => true,
+        (Some((b'*', rest)), _) => {
+            segment_matches(rest, name) || (!name.is_empty() && segment_matches(pattern, &name[1..]))
+        }
+        (Some((b'?', rest)), Some((_, name_rest))) => segment_matches(rest, name_rest),
+        (Some((expected, rest)), Some((found, name_rest))) => {
+            expected == found && segment_matches(rest, name_rest)
+        }
+        _ => false,
+    }
+}
+
+/// Whether pattern segments match path segments, `**` standing for any number of segments.
+fn glob_matches(pattern: &[String], path: &[&str]) -> bool {
+    match pattern.split_first() {
+        None => path.is_empty(),
+        Some((first, rest)) if first == "**" => {
+            (0..=path.len()).any(|skipped| glob_matches(rest, &path[skipped..]))
+        }
+        Some((first, rest)) => path.split_first().is_some_and(|(name, path_rest)| {
+            segment_matches(first.as_bytes(), name.as_bytes()) && glob_matches(rest, path_rest)
+        }),
+    }
+}
+
+/// Whether the context holds `path`: Docker's rule, where the last rule that matches the path or a
+/// folder above it decides, and a path no rule matches is in.
+fn in_context(rules: &[IgnoreRule], path: &str) -> bool {
+    let segments: Vec<&str> = path.split('/').collect();
+    let mut included = true;
+    for rule in rules {
+        if (1..=segments.len()).any(|end| glob_matches(&rule.segments, &segments[..end])) {
+            included = rule.include;
+        }
+    }
+    included
+}
+
+/// The files of the build context `root` as `rules` select them, relative to `root`. A folder that
+/// is left out, and under which no `!` rule could let anything back in, is not entered (so target/
+/// costs nothing).
+fn build_context(root: &Path, rules: &[IgnoreRule]) -> BTreeSet<String> {
+    fn walk(root: &Path, relative: &str, rules: &[IgnoreRule], found: &mut BTreeSet<String>) {
+        let dir = root.join(relative);
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|error| panic!("read {}: {error}", dir.display()))
+        {
+            let entry = entry.unwrap();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = if relative.is_empty() {
+                name
+            } else {
+                format!("{relative}/{name}")
+            };
+            let kind = entry.file_type().unwrap();
+            if kind.is_dir() {
+                let reopened = rules.iter().any(|rule| {
+                    rule.include
+                        && (rule
+                            .segments
+                            .first()
+                            .is_some_and(|first| first.contains(['*', '?']))
+                            || rule.segments.join("/").starts_with(&format!("{path}/")))
+                });
+                if in_context(rules, &path) || reopened {
+                    walk(root, &path, rules, found);
+                }
+            } else if in_context(rules, &path) {
+                found.insert(path);
+            }
+        }
+    }
+    let mut found = BTreeSet::new();
+    walk(root, "", rules, &mut found);
+    found
+}
+
+/// The build stage's tree as the Containerfile's COPY lines lay it out from `context`: each file
+/// under the stage's WORKDIR, with the context file it comes from. Every COPY source of every
+/// stage (but `--from`) must be in the context; each one that is not is a problem.
+fn build_stage(
+    containerfile: &str,
+    context: &BTreeSet<String>,
+) -> Result<BTreeMap<String, String>, Vec<String>> {
+    let mut stage = BTreeMap::new();
+    let mut problems = Vec::new();
+    let mut stage_index = 0;
+    for line in logical_lines(containerfile) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.first().map(|word| word.to_ascii_uppercase()).as_deref() {
+            Some("FROM") => stage_index += 1,
+            Some("COPY") => {
+                let args: Vec<&str> = words[1..]
+                    .iter()
+                    .copied()
+                    .filter(|word| !word.starts_with("--"))
+                    .collect();
+                if words[1..].iter().any(|word| word.starts_with("--from")) || args.len() < 2 {
+                    continue;
+                }
+                let (destination, sources) = args.split_last().unwrap();
+                for source in sources {
+                    assert!(
+                        !source.contains(['*', '?']),
+                        "`{line}`: wildcards are not modelled here"
+                    );
+                    let source = source.trim_end_matches('/');
+                    let under = format!("{source}/");
+                    let files: Vec<&String> = context
+                        .iter()
+                        .filter(|file| *file == source || file.starts_with(&under))
+                        .collect();
+                    if files.is_empty() {
+                        problems.push(format!(
+                            "`{line}`: `{source}` is not in the build context (deploy/Containerfile.dockerignore leaves it out, or it does not exist)"
+                        ));
+                        continue;
+                    }
+                    // Only the first stage, the build, is laid out: its WORKDIR is where cargo runs.
+                    if stage_index != 1 || destination.starts_with('/') {
+                        continue;
+                    }
+                    // A folder's content goes into the destination; a file goes into it when it is a
+                    // folder (`./`, `dir/`, several sources), else becomes it.
+                    let into_folder = destination.ends_with('/') || sources.len() > 1;
+                    let destination = destination.trim_start_matches("./").trim_end_matches('/');
+                    let join = |inside: &str| match (destination, inside) {
+                        ("", inside) => inside.to_owned(),
+                        (destination, "") => destination.to_owned(),
+                        (destination, inside) => format!("{destination}/{inside}"),
+                    };
+                    for file in files {
+                        let target = if file != source {
+                            join(&file[under.len()..])
+                        } else if into_folder || destination.is_empty() {
+                            join(&Path::new(file).file_name().unwrap().to_string_lossy())
+                        } else {
+                            destination.to_owned()
+                        };
+                        stage.insert(target, file.clone());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    if problems.is_empty() {
+        Ok(stage)
+    } else {
+        Err(problems)
+    }
+}
+
+/// The repository files the compiler read to build `capgate`: the dep-info file cargo writes next
+/// to the binary, less what is outside the repository (the registry) or generated into target/.
+fn files_the_binary_was_built_from() -> Vec<String> {
+    let dep_info = Path::new(BIN).with_extension("d");
+    let text = std::fs::read_to_string(&dep_info)
+        .unwrap_or_else(|error| panic!("cannot read cargo's dep-info {}: {error}", dep_info.display()));
+    let target_dir = Path::new(BIN).parent().and_then(Path::parent).unwrap();
+    let first = text.lines().next().unwrap_or_default();
+    let (_, dependencies) = first
+        .split_once(": ")
+        .unwrap_or_else(|| panic!("{}: no `target: …` line", dep_info.display()));
+    // Paths are separated by spaces; a space inside one is escaped.
+    let mut paths = Vec::new();
+    let mut current = String::new();
+    let mut characters = dependencies.chars();
+    while let Some(character) = characters.next() {
+        match character {
+            '\\' => current.extend(characters.next()),
+            ' ' => paths.push(std::mem::take(&mut current)),
+            _ => current.push(character),
+        }
+    }
+    paths.push(current);
+    paths
+        .into_iter()
+        .filter(|path| !path.is_empty())
+        .map(PathBuf::from)
+        .filter(|path| !path.starts_with(target_dir))
+        .filter_map(|path| {
+            path.strip_prefix(repository())
+                .ok()
+                .map(|relative| relative.to_string_lossy().into_owned())
+        })
+        .collect()
+}
+
+/// What build.rs says it reads (`cargo:rerun-if-changed=PATH`).
+fn build_script_inputs(build_rs: &str) -> Vec<String> {
+    build_rs
+        .split("rerun-if-changed=")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Everything that stops the image's build stage from building `capgate`, found without a container
+/// engine: the context as `ignore` selects it, the stage as `containerfile` lays it out (in a
+/// scratch folder), `cargo metadata --locked --offline` in it (the workspace's members and the lock
+/// file), and every repository file the compiler or build.rs read for the binary, present in it.
+fn image_build_problems(containerfile: &str, ignore: &str) -> Vec<String> {
+    let context = build_context(repository(), &ignore_rules(ignore));
+    let stage = match build_stage(containerfile, &context) {
+        Ok(stage) => stage,
+        Err(problems) => return problems,
+    };
+    let mut problems = Vec::new();
+    let mut needed = files_the_binary_was_built_from();
+    needed.extend(build_script_inputs(&read("build.rs")));
+    for path in needed {
+        let full = repository().join(&path);
+        // A folder (build.rs's inputs are folders) counts with every file under it; a file that a
+        // former build read and that is gone since counts for nothing.
+        let wanted = if full.is_dir() {
+            build_context(&full, &[])
+                .into_iter()
+                .map(|file| format!("{path}/{file}"))
+                .collect()
+        } else if full.exists() {
+            vec![path]
+        } else {
+            Vec::new()
+        };
+        for file in wanted {
+            if !stage.contains_key(&file) {
+                problems.push(format!(
+                    "`{file}` is read to build capgate, and the image's build stage does not hold it"
+                ));
+            }
+        }
+    }
+
+    let scratch = tempfile::tempdir().unwrap();
+    for (target, source) in &stage {
+        let path = scratch.path().join(target);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::copy(repository().join(source), &path).unwrap();
+    }
+    let host = Command::new("rustc").arg("-vV").output().expect("run rustc -vV");
+    let host = String::from_utf8(host.stdout)
+        .unwrap()
+        .lines()
+        .find_map(|line| line.strip_prefix("host: ").map(str::to_owned))
+        .expect("rustc -vV names the host");
+    // Only the host's dependencies: the others (Windows' crates) were never downloaded.
+    let output = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
+        .args(["metadata", "--locked", "--offline", "--format-version", "1"])
+        .args(["--filter-platform", &host])
+        .current_dir(scratch.path())
+        .output()
+        .expect("run cargo metadata");
+    if !output.status.success() {
+        problems.push(format!(
+            "`cargo metadata --locked --offline` fails in the build stage: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    problems
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -1186,4 +1502,267 @@ fn the_containerfile_builds_locked_and_runs_unprivileged() {
     );
     let invocation = &containerfile_invocations(origin, &text)[0];
     assert_eq!(values_of(&invocation.args, "--listen"), ["0.0.0.0:50051"]);
+}
+
+#[test]
+fn the_ignore_rules_are_read_as_docker_reads_them() {
+    let rules = ignore_rules("*\n!core/\n!/tests/fixtures/\n**/*.tmp\n!docs/*.md\n");
+    for (path, expected) in [
+        ("Cargo.toml", false),
+        ("target/debug/capgate", false),
+        ("core", true),
+        ("core/src/lib.rs", true),
+        ("tests/deploy.rs", false),
+        ("tests/fixtures/cli/a.yaml", true),
+        ("tests/fixtures/cli/a.tmp", false),
+        ("core/src/x.tmp", false),
+        ("docs/release.md", true),
+        ("docs/decisions/0001.md", false),
+    ] {
+        assert_eq!(in_context(&rules, path), expected, "{path}");
+    }
+}
+
+#[test]
+fn the_image_builds_from_the_context_its_ignore_file_selects() {
+    let containerfile = read("deploy/Containerfile");
+    let ignore = read("deploy/Containerfile.dockerignore");
+    let problems = image_build_problems(&containerfile, &ignore);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+
+    // The check can fail, each way the image broke or could break: a workspace member left out of
+    // the context (issue 29), left out of the stage, and a file the compiler embeds left behind.
+    let problems = image_build_problems(&containerfile, &ignore.replace("\n!core/\n", "\n"));
+    assert!(
+        problems
+            .iter()
+            .any(|problem| problem.contains("`core` is not in the build context")),
+        "{problems:#?}"
+    );
+    let problems = image_build_problems(&containerfile.replace("\nCOPY core core\n", "\n"), &ignore);
+    assert!(
+        problems
+            .iter()
+            .any(|problem| problem.contains("`core/src/lib.rs` is read to build capgate"))
+            && problems.iter().any(|problem| problem.contains("cargo metadata")),
+        "{problems:#?}"
+    );
+    let problems = image_build_problems(
+        &containerfile.replace("\nCOPY migrations migrations\n", "\n"),
+        &ignore,
+    );
+    assert!(
+        problems
+            .iter()
+            .any(|problem| problem.contains("`migrations/sqlite/0001_init.sql` is read to build capgate")),
+        "{problems:#?}"
+    );
+}
+
+/// The commands of the header comment of deploy/compose.yaml: its indented lines, continuations
+/// joined, comment lines dropped.
+fn compose_header_commands(text: &str) -> Vec<String> {
+    let header: String = text
+        .lines()
+        .take_while(|line| line.starts_with('#'))
+        .filter_map(|line| line.strip_prefix("#   "))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    logical_lines(&header)
+}
+
+/// Runs `script` in bash from the repository root with `capgate` on the PATH.
+fn bash(script: &str, env: &[(String, String)]) -> std::process::Output {
+    let bin_dir = Path::new(BIN).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    Command::new("bash")
+        .args(["-euo", "pipefail", "-c", script])
+        .current_dir(repository())
+        .env("PATH", path)
+        .envs(env.iter().map(|(name, value)| (name, value)))
+        .output()
+        .expect("run bash")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_compose_headers_commands_work_against_the_binary() {
+    let origin = "deploy/compose.yaml";
+    let text = read(origin);
+    let compose = &parse_yaml(origin, &text)[0];
+    let commands = compose_header_commands(&text);
+    let up = commands
+        .iter()
+        .position(|command| command.starts_with("docker compose"))
+        .unwrap_or_else(|| panic!("{origin}: the header starts no `docker compose`: {commands:#?}"));
+    let (before, after) = (&commands[..up], &commands[up + 1..]);
+    assert!(!after.is_empty(), "{origin}: the header asks the service nothing");
+
+    // What the header exports before `docker compose up`: every variable the file requires.
+    let required: BTreeSet<&str> = text
+        .split("${")
+        .skip(1)
+        .filter_map(|rest| rest.split_once(":?").map(|(name, _)| name))
+        .collect();
+    let printed = bash(
+        &format!(
+            "{}\n{}",
+            before.join("\n"),
+            required
+                .iter()
+                .map(|name| format!("printf '%s\\n' \"${{{name}:-}}\""))
+                .collect::<Vec<_>>()
+                .join("\n")
+        ),
+        &[],
+    );
+    assert!(
+        printed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&printed.stderr)
+    );
+    let values: BTreeMap<&str, String> = required
+        .iter()
+        .copied()
+        .zip(
+            String::from_utf8(printed.stdout)
+                .unwrap()
+                .lines()
+                .map(str::to_owned),
+        )
+        .collect();
+    for (name, value) in &values {
+        assert!(
+            !value.is_empty(),
+            "{origin}: the header does not set `{name}`, which Compose requires"
+        );
+    }
+    let interpolate = |value: &str| -> String {
+        let mut value = value.to_owned();
+        for (name, set) in &values {
+            while let Some(start) = value.find(&format!("${{{name}:?")) {
+                let end = start + value[start..].find('}').unwrap();
+                value.replace_range(start..=end, set);
+            }
+        }
+        value
+    };
+
+    // The capgate service as Compose would run it: its command line and environment, its volumes
+    // on folders of the host, its ports on loopback, its store on SQLite (after the migrate
+    // service's command), and the variables from the header.
+    let scratch = tempfile::tempdir().unwrap();
+    let database = format!(
+        "sqlite://{}?mode=rwc",
+        scratch.path().join("capgate.db").display()
+    );
+    let service = at(compose, "services.capgate").unwrap();
+    let mut mounts = Vec::new();
+    for volume in strings(origin, at(service, "volumes")) {
+        let mut parts = volume.split(':');
+        let (source, target) = (parts.next().unwrap(), parts.next().unwrap());
+        let host = if source.starts_with('.') || source.starts_with('/') {
+            repository().join("deploy").join(source)
+        } else {
+            scratch.path().join(source)
+        };
+        std::fs::create_dir_all(&host).unwrap();
+        mounts.push((target.to_owned(), host.display().to_string()));
+    }
+    let mut environment: Vec<(String, String)> = at(service, "environment")
+        .and_then(Yaml::as_mapping)
+        .unwrap()
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.as_str().unwrap().to_owned(),
+                interpolate(value.as_str().unwrap()),
+            )
+        })
+        .filter(|(name, _)| name != "CAPGATE_DATABASE_URL")
+        .collect();
+    environment.push(("CAPGATE_DATABASE_URL".to_owned(), database.clone()));
+    let migrate = strings(origin, at(compose, "services.migrate.command"));
+    let migrated = Command::new(BIN)
+        .args(&migrate)
+        .envs(environment.clone())
+        .output()
+        .unwrap();
+    assert!(
+        migrated.status.success(),
+        "capgate {migrate:?}: {}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+
+    let mut args = Vec::new();
+    let mut words = compose_invocations(origin, compose)
+        .into_iter()
+        .find(|invocation| invocation.origin.ends_with("`capgate`"))
+        .unwrap()
+        .args
+        .into_iter()
+        .skip(1); // `serve`: Serve adds it
+    while let Some(word) = words.next() {
+        match word.as_str() {
+            // Serve listens on a loopback port of its choosing; metrics likewise.
+            "--listen" => {
+                words.next();
+            }
+            "--metrics-listen" => {
+                words.next();
+                args.extend(["--metrics-listen".to_owned(), "127.0.0.1:0".to_owned()]);
+            }
+            _ => args.push(
+                mounts
+                    .iter()
+                    .find_map(|(target, host)| {
+                        word.strip_prefix(target.as_str())
+                            .map(|rest| format!("{host}{rest}"))
+                    })
+                    .unwrap_or(word),
+            ),
+        }
+    }
+    args.extend(["--database-url".to_owned(), database]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let env: Vec<(&str, &str)> = environment
+        .iter()
+        .filter(|(name, _)| name != "CAPGATE_DATABASE_URL")
+        .map(|(name, value)| (name.as_str(), value.as_str()))
+        .collect();
+    let serve = support::process::Serve::start_with_env(&args, &env).await;
+
+    // The header's questions, as written, to that service.
+    let exported: Vec<(String, String)> = values
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), value.clone()))
+        .collect();
+    let asked = after
+        .join("\n")
+        .replace("127.0.0.1:50051", &serve.addr.to_string());
+    let answered = bash(&asked, &exported);
+    let stdout = String::from_utf8_lossy(&answered.stdout);
+    assert!(
+        answered.status.success() && stdout.contains("ALLOWED"),
+        "{origin}'s header:\n{asked}\nexit {:?}\n{stdout}{}",
+        answered.status.code(),
+        String::from_utf8_lossy(&answered.stderr)
+    );
+
+    // The check can fail: the header's former question, a client certificate forwarded by a gateway
+    // that may not assert, is refused by the same service.
+    let former = format!(
+        "CAPGATE_TOKEN=\"$CAPGATE_GATEWAY_TOKEN\" capgate decide --server http://{} \
+         --client-dn \"CN=refunder,OU=payments,O=Acme Corp\" --capability billing.refund.create",
+        serve.addr
+    );
+    let refused = bash(&former, &exported);
+    assert!(
+        !refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("may not forward"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
 }
