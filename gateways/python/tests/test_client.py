@@ -49,6 +49,8 @@ def test_allow_and_deny() -> None:
             stdio=decisions.StdioTransport(command="cmd", args=["-x"]))),
     )), asked_for_tool=True)
     assert isinstance(allow, Allow) and allow.tool is not None and allow.tool.transport.args == ("-x",)
+    # The wire's `Reason.path` is the caller's `pointer`, the name refusals and AuthZEN use.
+    assert allow.reason.pointer == "/grants/0"
     deny = convert.decide_result(decisions.DecideResponse(decision_id="d", decision=decisions.Decision(
         outcome=decisions.OUTCOME_DENY, reason=decisions.Reason(code=decisions.REASON_CODE_LIMIT_EXHAUSTED),
     )), asked_for_tool=True)

@@ -80,7 +80,7 @@ describe("against capgate serve", () => {
     assert.equal(deny.result.kind, "deny");
     if (deny.result.kind === "deny") {
       assert.equal(deny.result.reason.code, "no_grant_matches");
-      assert.equal(deny.result.reason.path, "/grants");
+      assert.equal(deny.result.reason.pointer, "/grants");
     }
     const unknown = await client.decide({ caller, tool: "notes__erase" });
     assert.equal(unknown.result.kind, "unknown_tool");

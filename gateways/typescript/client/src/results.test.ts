@@ -64,7 +64,7 @@ test("a deny carries its reason and, for limit_exhausted, when the window ends",
   );
   assert.deepEqual(answer.result, {
     kind: "deny",
-    reason: { code: "limit_exhausted", path: "/grants/3", subject: "a.b", message: "used up" },
+    reason: { code: "limit_exhausted", pointer: "/grants/3", subject: "a.b", message: "used up" },
     resetsAt: new Date(60_000),
   });
 });
@@ -148,4 +148,6 @@ test("a listing keeps the tools in order with their schema text untouched", () =
   assert.deepEqual(answer.result.tools.map((t) => t.exposedName), ["u__b", "u__a"]);
   assert.equal(answer.result.tools[1]?.inputSchemaJson, '{"type":"object"}');
   assert.deepEqual(answer.result.capabilities[0]?.account, { id: "a", secretRef: "env://A" });
+  // The wire's `path` is the caller's `pointer`, the name refusals and AuthZEN use.
+  assert.equal(answer.result.capabilities[0]?.pointer, "/grants/0");
 });

@@ -28,8 +28,11 @@ import { authProblemName, reasonCodeName, type AuthProblemName, type ReasonCodeN
 
 export interface Reason {
   readonly code: ReasonCodeName;
-  /** RFC 6901 pointer into the policy artifact. */
-  readonly path: string;
+  /**
+   * RFC 6901 pointer into the policy artifact: the place to change. The name the gateways'
+   * refusals and AuthZEN use; on the gRPC wire it is `Reason.path`.
+   */
+  readonly pointer: string;
   readonly subject: string;
   readonly position?: { readonly line: number; readonly column: number };
   /** One line for a person. Act on `code`, show `message`. */
@@ -107,7 +110,8 @@ export interface VisibleCapability {
   readonly capability: string;
   readonly account?: Account;
   readonly limits?: { readonly calls: number; readonly per: string; readonly windowMs: number };
-  readonly path: string;
+  /** The winning grant's pointer (the wire's `path`). */
+  readonly pointer: string;
   readonly decisionId: string;
 }
 
@@ -146,7 +150,8 @@ export interface PolicyDiagnostic {
   readonly severity: string;
   readonly code: string;
   readonly message: string;
-  readonly path: string;
+  /** RFC 6901 pointer into the artifact (the wire's `path`); empty for a YAML syntax error. */
+  readonly pointer: string;
   readonly position?: { readonly line: number; readonly column: number };
 }
 
@@ -196,7 +201,7 @@ function reason(pb: ReasonPb | undefined): Reason {
   const { code, path, subject, position, message } = pb;
   return {
     code: reasonCodeName(code),
-    path,
+    pointer: path,
     subject,
     ...(position && { position: { line: position.line, column: position.column } }),
     message,
@@ -299,7 +304,7 @@ export function listVisibleAnswer(pb: ListVisibleResponse): ListVisibleAnswer {
           capability: c.capability,
           ...(c.account && { account: account(c.account) }),
           ...(c.limits && { limits: ceiling(c.limits) }),
-          path: c.path,
+          pointer: c.path,
           decisionId: c.decisionId,
         })),
         tools: result.value.tools.map(
@@ -345,7 +350,7 @@ function diagnostic(pb: Diagnostic): PolicyDiagnostic {
     severity,
     code,
     message,
-    path,
+    pointer: path,
     ...(position && { position: { line: position.line, column: position.column } }),
   };
 }

@@ -15,7 +15,7 @@ const answer = (result: DecideAnswer["result"]): DecideAnswer => ({
 test("an allow is no refusal", () => {
   const allow = answer({
     kind: "allow",
-    reason: { code: "granted", path: "/grants/0", subject: "x", message: "ok" },
+    reason: { code: "granted", pointer: "/grants/0", subject: "x", message: "ok" },
     account: { id: "a", secretRef: "env://A" },
   });
   assert.equal(refusalOf(allow, new Date()), undefined);
@@ -25,7 +25,7 @@ test("a deny is -32001 with the reason code, pointer and decision id", () => {
   const refusal = refusalOf(
     answer({
       kind: "deny",
-      reason: { code: "no_grant_matches", path: "/grants", subject: "x.y", message: "no grant gives `x.y`" },
+      reason: { code: "no_grant_matches", pointer: "/grants", subject: "x.y", message: "no grant gives `x.y`" },
     }),
     new Date(),
   );
@@ -43,7 +43,7 @@ test("limit_exhausted carries retry_after_seconds (rounded up) and resets_at", (
   const refusal = refusalOf(
     answer({
       kind: "deny",
-      reason: { code: "limit_exhausted", path: "/grants/2", subject: "x.y", message: "used up" },
+      reason: { code: "limit_exhausted", pointer: "/grants/2", subject: "x.y", message: "used up" },
       resetsAt: new Date("2026-12-01T10:00:00.000Z"),
     }),
     new Date("2026-12-01T09:59:18.500Z"),

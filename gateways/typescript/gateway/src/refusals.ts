@@ -42,11 +42,11 @@ export function refusalOf(answer: DecideAnswer, now: Date): Refusal | undefined 
     case "allow":
       return undefined;
     case "deny": {
-      const { code, message, path } = result.reason;
+      const { code, message, pointer } = result.reason;
       const data: RefusalData & { code: string; message: string } = {
         code,
         message,
-        pointer: path,
+        pointer,
         decision_id: decisionId,
       };
       if (code === "limit_exhausted" && result.resetsAt !== undefined) {

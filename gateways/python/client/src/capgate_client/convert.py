@@ -63,7 +63,7 @@ def decide_request(cred: r.Credential, tool: str | None, capability: str | None,
 
 
 def _reason(message: decisions.Reason) -> r.Reason:
-    return r.Reason(reason_code(message.code), message.path, message.subject, message.message)
+    return r.Reason(reason_code(message.code), pointer=message.path, subject=message.subject, message=message.message)
 
 
 def _tool(message: decisions.Tool) -> r.ToolRoute:
@@ -139,8 +139,8 @@ def list_visible_result(message: decisions.ListVisibleResponse) -> r.ListVisible
         r.VisibleCapability(
             c.capability,
             r.Account(c.account.id, c.account.secret_ref) if c.HasField("account") else None,
-            c.path,
-            c.decision_id,
+            pointer=c.path,
+            decision_id=c.decision_id,
         )
         for c in message.visible.capabilities
     )
@@ -162,7 +162,7 @@ NOTE_KINDS = {
 
 
 def _diagnostic(message: common.Diagnostic) -> r.Diagnostic:
-    return r.Diagnostic(message.severity, message.code, message.message, message.path)
+    return r.Diagnostic(message.severity, message.code, message.message, pointer=message.path)
 
 
 def publish_result(message: policies.PublishPolicyResponse) -> r.PublishResult:

@@ -44,7 +44,9 @@ class Credential:
 class Reason:
     code: str
     """A reason code, e.g. `"granted"`, `"limit_exhausted"`."""
-    path: str
+    pointer: str
+    """The RFC 6901 pointer into the policy of the place to change (`"/grants/3"`), as gateways'
+    refusals and AuthZEN name it (the wire's `Reason.path`)."""
     subject: str
     message: str
 
@@ -142,7 +144,8 @@ class VisibleTool:
 class VisibleCapability:
     capability: str
     account: Account | None
-    path: str
+    pointer: str
+    """The winning grant's pointer (the wire's `path`)."""
     decision_id: str
 
 
@@ -181,7 +184,8 @@ class Diagnostic:
     severity: str
     code: str
     message: str
-    path: str
+    pointer: str
+    """Where in the artifact (the wire's `path`); `""` for a YAML syntax error."""
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ def deny(answer: Deny, now: datetime | None = None) -> MCPError:
         extra["resets_at"] = rfc3339(answer.resets_at)
     message = answer.reason.message or f"the call is not allowed ({answer.reason.code})"
     return _error(
-        DENIED, answer.reason.code, message, pointer=answer.reason.path, decision_id=answer.decision_id, **extra
+        DENIED, answer.reason.code, message, pointer=answer.reason.pointer, decision_id=answer.decision_id, **extra
     )
 
 
