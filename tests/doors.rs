@@ -32,7 +32,6 @@ use hyper::body::Bytes;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use prost_types::value::Kind;
 use prost_types::Value as ProtoValue;
 use serde_json::{json, Value};
 use support::client::{principal, recorded_code, wait_serving, CATALOG, POLICY};
@@ -454,7 +453,7 @@ impl World {
     }
 
     /// `agentgateway.dev.ext_mcp.ExtMcp/CheckRequest`: the backend's own tool name under its
-    /// `service_name`, the caller in `metadata_context`.
+    /// `service_names`, the caller in `metadata_context`.
     async fn check_request(
         &mut self,
         via: Via,
@@ -484,10 +483,11 @@ impl World {
         };
         context.fields.insert("request_id".to_owned(), string(request_id));
         let request = McpRequest {
-            service_name: service.to_owned(),
+            service_names: vec![service.to_owned()],
             method: "tools/call".to_owned(),
             metadata_context: Some(context),
-            mcp_request: Some(structure(&[("name", string(name)), ("arguments", object(&[]))])),
+            mcp_request: Some(json!({"name": name, "arguments": {}}).to_string().into_bytes()),
+            headers: Vec::new(),
         };
         let result = self
             .ext_mcp
@@ -640,17 +640,14 @@ fn read_check(response: &CheckResponse) -> Seen {
 /// An ExtMCP `AuthorizationError` as agentgateway reads it: the code class and the JSON-RPC
 /// payload's `data.code`, which must agree.
 fn read_authorization_error(error: &AuthorizationError) -> Seen {
-    let mcp_error = error.mcp_error.as_ref().expect("a JSON-RPC error payload");
-    let Some(Kind::StructValue(data)) = mcp_error.fields.get("data").and_then(|data| data.kind.clone())
-    else {
-        panic!("no `data` in {mcp_error:?}");
-    };
-    let code = match data.fields.get("code").and_then(|code| code.kind.as_ref()) {
-        Some(Kind::StringValue(code)) => code.clone(),
-        other => panic!("`data.code` is not a string: {other:?}"),
-    };
+    let data: Value = serde_json::from_slice(error.mcp_error.as_deref().expect("a JSON-RPC error payload"))
+        .expect("`mcp_error` is JSON");
+    let code = data["code"]
+        .as_str()
+        .unwrap_or_else(|| panic!("`data.code` is not a string: {data}"))
+        .to_owned();
     assert!(
-        error.reason.starts_with(&code),
+        error.reason.starts_with(&format!("denied: {code}: ")),
         "the reason and the payload disagree: {error:?}"
     );
     let class = match code.as_str() {

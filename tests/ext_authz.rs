@@ -678,7 +678,7 @@ async fn the_target_comes_from_headers_the_mcp_filter_kuadrant_or_the_body_and_m
         );
         assert_eq!(
             (disagreeing.grpc, disagreeing.http),
-            (Code::PermissionDenied as i32, 403),
+            (Code::InvalidArgument as i32, 400),
             "{disagreeing:?}"
         );
         assert_eq!(disagreeing.body["id"], 7);
@@ -851,6 +851,117 @@ async fn oversize_fields_are_refused_by_name_and_a_bad_gateway_token_is_unauthen
         .await
         .expect_err("an unknown gateway");
     assert_eq!(status.code(), Code::Unauthenticated);
+}
+
+/// `CheckRequest` as raw fields, to send what Envoy's types cannot hold: a header value that is
+/// not UTF-8 (protobuf `string`s must be), or a field of the wrong wire type.
+mod raw {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Header {
+        #[prost(string, tag = "1")]
+        pub key: String,
+        #[prost(bytes = "vec", tag = "2")]
+        pub value: Vec<u8>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Http {
+        #[prost(message, repeated, tag = "3")]
+        pub headers: Vec<Header>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Request {
+        #[prost(message, optional, tag = "2")]
+        pub http: Option<Http>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Attributes {
+        #[prost(message, optional, tag = "4")]
+        pub request: Option<Request>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Check {
+        #[prost(message, optional, tag = "1")]
+        pub attributes: Option<Attributes>,
+    }
+    /// `attributes` as a number: the wrong wire type.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Garbage {
+        #[prost(uint64, tag = "1")]
+        pub attributes: u64,
+    }
+}
+
+/// Sends `message` as a `CheckRequest` to `Authorization/Check`.
+async fn check_raw<M: prost::Message + Send + Sync + 'static>(
+    world: &World,
+    message: M,
+    token: &str,
+) -> Result<CheckResponse, tonic::Status> {
+    let mut client = tonic::client::Grpc::new(world.serve.channel().await);
+    client.ready().await.expect("ready");
+    let path =
+        tonic::codegen::http::uri::PathAndQuery::from_static("/envoy.service.auth.v3.Authorization/Check");
+    client
+        .unary(
+            as_gateway(message, token),
+            path,
+            tonic_prost::ProstCodec::<M, CheckResponse>::default(),
+        )
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+#[tokio::test]
+async fn a_request_that_does_not_decode_is_an_answered_denial_never_a_grpc_error() {
+    // Under `failure_mode_allow: true` Envoy lets a request through on any gRPC error: a header
+    // byte that is not UTF-8 must not be a way past the check.
+    let Some(world) = World::start(&[]).await else {
+        return;
+    };
+    let not_utf8 = raw::Check {
+        attributes: Some(raw::Attributes {
+            request: Some(raw::Request {
+                http: Some(raw::Http {
+                    headers: vec![
+                        raw::Header {
+                            key: "mcp-method".into(),
+                            value: b"tools/call".to_vec(),
+                        },
+                        raw::Header {
+                            key: "mcp-name".into(),
+                            value: b"knowledge__search\xff".to_vec(),
+                        },
+                    ],
+                }),
+            }),
+        }),
+    };
+    for (what, answer) in [
+        (
+            "a header that is not UTF-8",
+            check_raw(&world, not_utf8, GATEWAY_TOKEN).await,
+        ),
+        (
+            "the wrong wire type",
+            check_raw(&world, raw::Garbage { attributes: 7 }, GATEWAY_TOKEN).await,
+        ),
+    ] {
+        let answer = answer.unwrap_or_else(|status| panic!("{what}: a gRPC error: {status:?}"));
+        let denied = seen(&answer);
+        assert_eq!(
+            (denied.grpc, denied.http),
+            (Code::InvalidArgument as i32, 400),
+            "{what}: {denied:?}"
+        );
+        let message = denied.body["error"]["message"].as_str().expect("a message");
+        assert!(message.contains("cannot be read"), "{what}: {message}");
+    }
+    // The gateway's token still comes first.
+    let status = check_raw(&world, raw::Garbage { attributes: 7 }, "not-a-token")
+        .await
+        .expect_err("an unknown gateway");
+    assert_eq!(status.code(), Code::Unauthenticated);
+    assert!(world.audit().await.is_empty(), "nothing was decided");
 }
 
 #[tokio::test]

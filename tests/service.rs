@@ -1709,33 +1709,34 @@ async fn health_follows_the_active_policy_and_reflection_lists_the_services(kind
     };
     let mut services: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
     services.sort();
-    for expected in [
+    // Every service the port serves, the doors' included.
+    let served = [
+        "agentgateway.dev.ext_mcp.ExtMcp",
         "capgate.v1.DecisionService",
         "capgate.v1.PolicyService",
+        "envoy.service.auth.v3.Authorization",
         "grpc.health.v1.Health",
-    ] {
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    ];
+    assert_eq!(services, served);
+    // The error details INVALID_ARGUMENT carries, and Envoy's check, resolve by reflection.
+    for symbol in ["google.rpc.BadRequest", "envoy.service.auth.v3.CheckRequest"] {
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::FileContainingSymbol(symbol.into())),
+        };
+        let mut answers = reflection
+            .server_reflection_info(tokio_stream::iter(vec![request]))
+            .await
+            .unwrap()
+            .into_inner();
+        let answer = answers.message().await.unwrap().expect("one answer");
         assert!(
-            services.iter().any(|s| s == expected),
-            "{expected} in {services:?}"
+            matches!(answer.message_response, Some(MessageResponse::FileDescriptorResponse(ref files)) if !files.file_descriptor_proto.is_empty()),
+            "{symbol}: {answer:?}"
         );
     }
-    // The error details INVALID_ARGUMENT carries resolve by reflection.
-    let request = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::FileContainingSymbol(
-            "google.rpc.BadRequest".into(),
-        )),
-    };
-    let mut answers = reflection
-        .server_reflection_info(tokio_stream::iter(vec![request]))
-        .await
-        .unwrap()
-        .into_inner();
-    let answer = answers.message().await.unwrap().expect("one answer");
-    assert!(
-        matches!(answer.message_response, Some(MessageResponse::FileDescriptorResponse(ref files)) if !files.file_descriptor_proto.is_empty()),
-        "{answer:?}"
-    );
 
     // The same through v1alpha, which grpcio-reflection and older grpcurl builds speak.
     {
@@ -1765,10 +1766,9 @@ async fn health_follows_the_active_policy_and_reflection_lists_the_services(kind
         let Some(MessageResponse::ListServicesResponse(list)) = listed.message_response else {
             panic!("expected a service list");
         };
-        assert!(list
-            .service
-            .iter()
-            .any(|s| s.name == "capgate.v1.DecisionService"));
+        let mut listed: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+        listed.sort();
+        assert_eq!(listed, served);
         let resolved = answers.message().await.unwrap().expect("a file");
         assert!(
             matches!(resolved.message_response, Some(MessageResponse::FileDescriptorResponse(ref files)) if !files.file_descriptor_proto.is_empty()),

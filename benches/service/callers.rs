@@ -484,14 +484,13 @@ fn ext_mcp_request(request: &DecideRequest) -> McpRequest {
         ("attributes".to_owned(), object(attributes)),
     ]);
     McpRequest {
-        service_name: service.to_owned(),
+        service_names: vec![service.to_owned()],
         method: "tools/call".to_owned(),
         metadata_context: Some(Struct {
             fields: [("principal".to_owned(), asserted)].into_iter().collect(),
         }),
-        mcp_request: Some(Struct {
-            fields: [("name".to_owned(), string(tool))].into_iter().collect(),
-        }),
+        mcp_request: Some(serde_json::json!({"name": tool}).to_string().into_bytes()),
+        headers: Vec::new(),
     }
 }
 

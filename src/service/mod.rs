@@ -59,10 +59,10 @@ use audit::{AuditOptions, AuditWriter};
 use auth::Tokens;
 pub use config::{Config, ConfigError, ExtAuthzSettings, PolicyFile, Tls, Token};
 use connections::{Acceptor, StreamLayer};
-use envoy_types::pb::envoy::service::auth::v3::authorization_server::AuthorizationServer;
 use grpc::decisions::Decisions;
 use grpc::ext_authz::ExtAuthz;
 use grpc::ext_mcp::ExtMcpDoor;
+use grpc::lenient::AuthorizationService;
 use grpc::policies::Policies;
 use pipeline::Idempotency;
 
@@ -312,11 +312,17 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
         .http2_keepalive_timeout(Some(config.connections.keepalive_timeout))
         .max_concurrent_streams(config.connections.max_concurrent_streams);
     // Reflection in both versions (grpcio-reflection and older grpcurl builds speak only
-    // v1alpha), over capgate's protos, the health service's, and the `google.rpc` error details
+    // v1alpha), over every service this port serves (capgate's, Envoy's ext_authz, agentgateway's
+    // ExtMCP, health, reflection itself), and the `google.rpc` error details
     // that `INVALID_ARGUMENT` carries, so that a client can decode `BadRequest` by reflection.
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(crate::wire::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(crate::wire::proto::ENVOY_AUTHORIZATION_DESCRIPTOR_SET)
+            // Both reflection services, so that either version lists both (each registers only
+            // its own descriptor).
+            .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
     };
@@ -341,16 +347,17 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
         .add_service(
             // agentgateway's ExtMCP callout: `params` and `metadata_context` are bounded like a
             // Decide's fields once decoded, the message like a Decide.
-            ExtMcpServer::new(ExtMcpDoor::new(state.clone())).max_decoding_message_size(MAX_DECISION_MESSAGE),
+            ExtMcpServer::new(ExtMcpDoor::new(state.clone(), &config.ext_authz))
+                .max_decoding_message_size(MAX_DECISION_MESSAGE),
         )
         .add_service(
             PolicyServiceServer::new(Policies::new(state.clone()))
                 .max_decoding_message_size(bounds::MAX_MESSAGE_BYTES),
         )
-        .add_service(
-            AuthorizationServer::new(ExtAuthz::new(state.clone(), config.ext_authz.clone()))
-                .max_decoding_message_size(MAX_DECISION_MESSAGE),
-        );
+        .add_service(AuthorizationService::new(
+            ExtAuthz::new(state.clone(), config.ext_authz.clone()),
+            MAX_DECISION_MESSAGE,
+        ));
     // Spawned once nothing can fail any more, so a start that fails leaves
     // no task behind.
     let preparer = tokio::spawn(retention::prepare_periodically(

@@ -188,10 +188,11 @@ impl Doors {
             .fields
             .insert("request_id".to_owned(), string(call.request_id));
         let request = McpRequest {
-            service_name: service.to_owned(),
+            service_names: vec![service.to_owned()],
             method: "tools/call".to_owned(),
             metadata_context: Some(context),
-            mcp_request: Some(structure(&[("name", string(name)), ("arguments", object(&[]))])),
+            mcp_request: Some(json!({"name": name, "arguments": {}}).to_string().into_bytes()),
+            headers: Vec::new(),
         };
         let result = match self.ext_mcp.check_request(self.as_gateway(request)).await {
             Ok(result) => result.into_inner(),
@@ -200,9 +201,13 @@ impl Doors {
         match &result.result {
             Some(mcp_request_result::Result::Pass(_)) => Read::Allow { decision_id: None },
             Some(mcp_request_result::Result::Error(error)) => {
-                let payload = error.mcp_error.as_ref().map(proto_to_json).unwrap_or(Value::Null);
-                let code = payload["data"]["code"].as_str().unwrap_or_default().to_owned();
-                let decision_id = payload["data"]["decision_id"].as_str().map(str::to_owned);
+                let data: Value = error
+                    .mcp_error
+                    .as_deref()
+                    .and_then(|bytes| serde_json::from_slice(bytes).ok())
+                    .unwrap_or(Value::Null);
+                let code = data["code"].as_str().unwrap_or_default().to_owned();
+                let decision_id = data["decision_id"].as_str().map(str::to_owned);
                 match code.as_str() {
                     "request_id_reused" => Read::ReusedId {
                         message: error.reason.clone(),
@@ -379,25 +384,4 @@ pub fn structure(fields: &[(&str, ProtoValue)]) -> Struct {
             .map(|(key, value)| ((*key).to_owned(), value.clone()))
             .collect::<BTreeMap<_, _>>(),
     }
-}
-
-/// A protobuf `Struct` as the JSON it stands for.
-pub fn proto_to_json(value: &Struct) -> Value {
-    fn of(value: &ProtoValue) -> Value {
-        match &value.kind {
-            Some(Kind::StringValue(text)) => json!(text),
-            Some(Kind::NumberValue(number)) => json!(number),
-            Some(Kind::BoolValue(flag)) => json!(flag),
-            Some(Kind::StructValue(inner)) => proto_to_json(inner),
-            Some(Kind::ListValue(list)) => Value::Array(list.values.iter().map(of).collect()),
-            Some(Kind::NullValue(_)) | None => Value::Null,
-        }
-    }
-    Value::Object(
-        value
-            .fields
-            .iter()
-            .map(|(key, value)| (key.clone(), of(value)))
-            .collect(),
-    )
 }

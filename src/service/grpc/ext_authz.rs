@@ -56,6 +56,7 @@ use crate::identity::Presented;
 use crate::service::auth::Role;
 use crate::service::bounds;
 use crate::service::config::ExtAuthzSettings as Settings;
+use crate::service::grpc::lenient::LenientAuthorization;
 use crate::service::identify::Asked;
 use crate::service::pipeline::{self, Answer, Ask, Refusal, Remember, Replied, Target, Verdict};
 use crate::service::State;
@@ -159,6 +160,23 @@ impl<S: Store> Authorization for ExtAuthz<S> {
                     Status::internal("the remembered answer to this x-request-id cannot be read")
                 }),
         }
+    }
+}
+
+#[tonic::async_trait]
+impl<S: Store> LenientAuthorization for ExtAuthz<S> {
+    /// A `CheckRequest` that does not decode is a malformed request: an answered `400`, never a
+    /// gRPC error, so that it is refused under `failure_mode_allow: true` too.
+    async fn undecodable(&self, why: Request<String>) -> Result<Response<CheckResponse>, Status> {
+        self.state.tokens.authorize(why.metadata(), Role::Gateway)?;
+        let rejected = Rejected::new(
+            HttpCode::BadRequest,
+            Code::InvalidArgument,
+            RPC_INVALID_REQUEST,
+            format!("the forwarded request cannot be read: {}", why.into_inner()),
+            &Value::Null,
+        );
+        Ok(Response::new(rejected.response()))
     }
 }
 
@@ -607,8 +625,8 @@ impl Rejected {
 
     fn disagreement(field: &str, body_field: &str, rpc_id: &Value) -> Rejected {
         Rejected::new(
-            HttpCode::Forbidden,
-            Code::PermissionDenied,
+            HttpCode::BadRequest,
+            Code::InvalidArgument,
             RPC_INVALID_REQUEST,
             format!("`{field}` disagrees with the JSON-RPC body's `{body_field}`"),
             rpc_id,

@@ -7,6 +7,7 @@
 pub mod decisions;
 pub mod ext_authz;
 pub mod ext_mcp;
+pub mod lenient;
 pub mod policies;
 
 use tonic::{Code, Status};
