@@ -242,20 +242,21 @@ class Gateway:
     async def _list_resources(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
-        reaches = await self.relay.reach(self._credential(ctx), "resources", "resources/list")
-        resources = await self.relay.gather(
-            reaches, "resources/list", list_resources, lambda p: p.resources
-        )
+        resources = await self._gathered(ctx, "resources/list", list_resources, lambda p: p.resources)
         return types.ListResourcesResult(resources=resources)
 
     async def _list_resource_templates(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
-        reaches = await self.relay.reach(self._credential(ctx), "resources", "resources/templates/list")
-        templates = await self.relay.gather(
-            reaches, "resources/templates/list", list_resource_templates, lambda p: p.resource_templates
+        templates = await self._gathered(
+            ctx, "resources/templates/list", list_resource_templates, lambda p: p.resource_templates
         )
         return types.ListResourceTemplatesResult(resource_templates=templates)
+
+    async def _gathered(self, ctx: ServerRequestContext[Any, Any], method: str, fetch: Any, items: Any) -> list[Any]:
+        """A resource listing of every upstream the caller reaches, in one answer."""
+        reaches = await self.relay.reach(self._credential(ctx), "resources", method)
+        return await self.relay.gather(reaches, method, fetch, items)
 
     async def _resource(self, ctx: ServerRequestContext[Any, Any], method: str, uri: str) -> Reach:
         reaches = await self.relay.reach(self._credential(ctx), "resources", method)
