@@ -1,0 +1,288 @@
+"""What a reference gateway adds to a tool call: a benchmark, not a test (gateways/bench/README.md).
+
+One MCP client (the official Python SDK, the 2025-11-25 handshake, one session) calls the
+`echo` tool of a local upstream (@modelcontextprotocol/server-everything over Streamable HTTP)
+N times in a row after a warm-up — directly, then through the Python gateway, then through the
+TypeScript gateway, both asking a real `capgate serve` (SQLite) with a bearer JWT. capgate's
+Decide is timed alone too, from a gRPC client, the same N times with the same credential.
+
+It prints, per path, p50 and p99 of the call, the gateway's overhead over the direct call, how
+much of that is Decide, and the CPU time each process spent per call (from /proc: less
+sensitive to a loaded machine than wall time). With `--instructions` it also counts the
+instructions each gateway process executes per call under valgrind's callgrind (the marginal
+cost: two runs of different lengths, the difference divided by the difference in calls).
+Every process it starts is stopped on the way out, a failed start included (harness.Process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import yaml
+from capgate_client import Allow, CapgateClient, Credential
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "scenarios"))
+
+from fixtures.servers import OidcProvider  # noqa: E402
+from harness import (  # noqa: E402
+    EVERYTHING,
+    NODE22,
+    GatewayKind,
+    Process,
+    capgate_bin,
+    free_port,
+    json_event,
+    start_capgate,
+    start_http_gateway,
+)
+
+TOOL = "everything__echo"
+ARGUMENTS = {"message": "overhead"}
+GOAL_MS = 1.0
+
+
+@dataclass
+class Timings:
+    name: str
+    seconds: list[float]
+    cpu: dict[str, float] = field(default_factory=dict)
+    """CPU seconds per call, per process."""
+
+    def percentile(self, q: float) -> float:
+        ordered = sorted(self.seconds)
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.seconds) * 1000
+
+    @property
+    def p99(self) -> float:
+        return self.percentile(0.99)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process and its reaped children, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of a process and every live descendant (a gateway's stdio upstreams, Node's threads are in-process)."""
+    total = 0.0
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            total += cpu_seconds(current)
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        pending.extend(int(c) for c in children)
+    return total
+
+
+async def timed_calls(call: Callable[[], Awaitable[Any]], warmup: int, calls: int, watch: dict[str, int],
+                      name: str) -> Timings:
+    for _ in range(warmup):
+        await call()
+    before = {label: tree_cpu(pid) for label, pid in watch.items()}
+    client_before = time.process_time()
+    seconds: list[float] = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        await call()
+        seconds.append(time.perf_counter() - started)
+    timings = Timings(name, seconds)
+    timings.cpu = {label: (tree_cpu(pid) - before[label]) / calls for label, pid in watch.items()}
+    timings.cpu["client"] = (time.process_time() - client_before) / calls
+    return timings
+
+
+async def mcp_calls(url: str, tool: str, token: str | None, warmup: int, calls: int, watch: dict[str, int],
+                    name: str) -> Timings:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=60.0)) as http:
+        async with Client(streamable_http_client(url, http_client=http), mode="legacy", cache=None) as client:
+
+            async def call() -> None:
+                result = await client.call_tool(tool, ARGUMENTS)
+                if result.is_error:
+                    raise RuntimeError(f"{name}: the call failed: {result}")
+
+            return await timed_calls(call, warmup, calls, watch, name)
+
+
+async def decide_calls(capgate_url: str, gateway_token: str, token: str, warmup: int, calls: int,
+                       watch: dict[str, int]) -> Timings:
+    async with CapgateClient(capgate_url, token=gateway_token, timeout=5.0) as capgate:
+
+        async def call() -> None:
+            answer = await capgate.decide(Credential.bearer(token), tool=TOOL)
+            if not isinstance(answer, Allow):
+                raise RuntimeError(f"Decide did not allow the call: {answer}")
+
+        return await timed_calls(call, warmup, calls, watch, "Decide alone (gRPC)")
+
+
+def callgrind_instructions(out_file: Path) -> int:
+    """The `summary:` (total Ir) of a callgrind output file."""
+    for line in out_file.read_text().splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    raise RuntimeError(f"no totals in {out_file}")
+
+
+@dataclass
+class World:
+    directory: Path
+    capgate_url: str
+    gateway_token_file: Path
+    gateway_token: str
+    caller_token: str
+    upstream_url: str
+    env: dict[str, str]
+    pids: dict[str, int]
+
+
+def policy(upstream_url: str, discovery: str) -> dict[str, Any]:
+    return {
+        "version": 1,
+        "capabilities": [{"id": "everything.echo"}],
+        "upstreams": [{"id": "everything", "transport": {"kind": "mcp-http", "url": upstream_url},
+                       "tools": [{"name": "echo", "capability": "everything.echo"}]}],
+        "accounts": [{"id": "acct-bench", "secret": {"ref": "env://BENCH_UPSTREAM_SECRET"}}],
+        "principals": {"issuers": [{"id": "idp", "kind": "oidc", "discovery": discovery, "audience": "capgate-scenarios",
+                                    "attributes": {"dept": "claim:department"}}]},
+        "grants": [{"to": {"issuer": "idp", "attributes": {"dept": "bench"}}, "capabilities": ["everything.echo"],
+                    "using": "acct-bench"}],
+    }
+
+
+def gateway_under_valgrind(kind: GatewayKind, world: World, out: Path, calls: int) -> int:
+    """Instructions the gateway process executes for `calls` calls after the warm-up (callgrind's total)."""
+    log = world.directory / f"{kind.name}-callgrind-{calls}.stderr"
+    command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--trace-children=no", *kind.command(),
+               "--capgate", world.capgate_url, "--gateway-token-file", str(world.gateway_token_file),
+               "--listen", "127.0.0.1:0"]
+    process = Process(f"{kind.name} gateway (callgrind)", command, env=world.env, cwd=kind.cwd, log=log)
+    try:
+        url = process.wait_for(lambda line: (json_event(line) or {}).get("url"), timeout=600)
+        anyio.run(mcp_calls, url, TOOL, world.caller_token, 20, calls, {}, f"{kind.name} (callgrind)")
+    finally:
+        process.stop()
+    return callgrind_instructions(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--instructions", action="store_true", help="also count each gateway's instructions per call")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    for needed in (NODE22, EVERYTHING, capgate_bin()):
+        if not needed.exists():
+            sys.exit(f"bench: {needed} is missing (gateways/bench/run.sh installs and builds what it needs)")
+
+    with tempfile.TemporaryDirectory(prefix="capgate-bench-") as tmp:
+        directory = Path(tmp)
+        processes: list[Process] = []
+        oidc = OidcProvider(directory)
+        try:
+            port = free_port()
+            upstream = Process("server-everything", [str(NODE22), str(EVERYTHING), "streamableHttp"],
+                               env={"PATH": os.environ.get("PATH", ""), "PORT": str(port)},
+                               log=directory / "everything.log")
+            processes.append(upstream)
+            upstream.wait_for(lambda line: "listening" in line)
+            upstream_url = f"http://127.0.0.1:{port}/mcp"
+            (directory / "policy.yaml").write_text(yaml.safe_dump(policy(upstream_url, oidc.discovery_url)))
+            (directory / "catalog.yaml").write_text(yaml.safe_dump({"version": 1, "tools": [
+                {"upstream": "everything", "name": "echo", "description": "Echoes back the input string"}]}))
+            gateway_token = "bench-gateway-token-" + os.urandom(8).hex()
+            (directory / "gateway.token").write_text(gateway_token)
+            (directory / "admin.token").write_text("bench-admin-token-" + os.urandom(8).hex())
+            env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"),
+                   "BENCH_UPSTREAM_SECRET": "bench-upstream-secret"}
+            capgate = start_capgate(directory, directory / "policy.yaml", directory / "catalog.yaml", env=env,
+                                    gateway_token_file=directory / "gateway.token",
+                                    admin_token_file=directory / "admin.token", oidc_ca=oidc.ca_file)
+            processes.append(capgate.process)
+            caller = oidc.mint("bench-caller", {"department": "bench"}, lifetime=3600)
+            world = World(directory, capgate.url, directory / "gateway.token", gateway_token, caller, upstream_url, env,
+                          {"upstream": upstream.proc.pid, "capgate": capgate.process.proc.pid})
+
+            results: list[Timings] = [
+                anyio.run(mcp_calls, upstream_url, "echo", None, args.warmup, args.calls,
+                          {"upstream": upstream.proc.pid}, "direct"),
+                anyio.run(decide_calls, capgate.url, gateway_token, caller, args.warmup, args.calls,
+                          {"capgate": capgate.process.proc.pid}),
+            ]
+            instructions: dict[str, float] = {}
+            for kind in (GatewayKind("python"), GatewayKind("typescript")):
+                gateway = start_http_gateway(kind, capgate.url, world.gateway_token_file, env,
+                                             directory / f"{kind.name}-gateway.stderr")
+                processes.append(gateway.process)
+                watch = {"gateway": gateway.process.proc.pid, **world.pids}
+                results.append(anyio.run(mcp_calls, gateway.url, TOOL, caller, args.warmup, args.calls, watch,
+                                         f"through the {kind.name} gateway"))
+                gateway.process.stop()
+                if args.instructions:
+                    short, long = 50, 250
+                    counts = [gateway_under_valgrind(kind, world, directory / f"{kind.name}-{n}.callgrind", n)
+                              for n in (short, long)]
+                    instructions[kind.name] = (counts[1] - counts[0]) / (long - short)
+        finally:
+            for process in reversed(processes):
+                process.stop()
+            oidc._server.close()  # noqa: SLF001 - the fixture's own server
+
+    report(results, instructions, args)
+
+
+def report(results: list[Timings], instructions: dict[str, float], args: argparse.Namespace) -> None:
+    direct, decide, *gateways = results
+    print(f"\n{args.calls} sequential calls after {args.warmup} warm-up calls; capgate: {capgate_bin()}")
+    print(f"{'path':34} {'p50 ms':>8} {'p99 ms':>8} {'×direct':>8}   CPU ms per call")
+    for t in results:
+        cpu = ", ".join(f"{k} {v * 1000:.2f}" for k, v in t.cpu.items())
+        print(f"{t.name:34} {t.p50:8.2f} {t.p99:8.2f} {t.p50 / direct.p50:8.2f}   {cpu}")
+    figures: dict[str, Any] = {"calls": args.calls, "warmup": args.warmup,
+                               "paths": {t.name: {"p50_ms": t.p50, "p99_ms": t.p99, "cpu_ms": {k: v * 1000 for k, v in t.cpu.items()}}
+                                         for t in results}}
+    print()
+    for t in gateways:
+        added = t.p50 - direct.p50
+        beyond = added - decide.p50
+        name = t.name.removeprefix("through the ")
+        verdict = "met" if beyond <= GOAL_MS else "not met"
+        print(f"{name}: adds {added:.2f} ms p50 over the direct call; Decide alone is {decide.p50:.2f} ms "
+              f"({decide.p50 / added:.0%} of what is added, {decide.p50 / t.p50:.0%} of the call); "
+              f"the rest, {beyond:.2f} ms, is the gateway's own (goal ≤ {GOAL_MS:g} ms: {verdict})")
+        figures["paths"][t.name].update(added_ms=added, beyond_decide_ms=beyond)
+    for name, count in instructions.items():
+        print(f"{name} gateway: {count:,.0f} instructions per call (callgrind, marginal)")
+    figures["instructions_per_call"] = instructions
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()
