@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The one command that checks capgate: formatting, lints (the core's purity gate among them), the
 # core built on its own, every test of the workspace, and the reference gateways' suites. It
-# prepares what a fresh Debian machine with a rustup toolchain lacks (PostgreSQL, uv, the npm and
-# PyPI packages of gateways/), and its output ends with the test runner's summary line.
+# prepares what a fresh Debian 12 machine with a rustup toolchain lacks (a C compiler, Python's
+# venv, openssl, Node.js 20 and npm, PostgreSQL; then uv and the npm and PyPI packages of
+# gateways/), and its output ends with the test runner's summary line.
 #
-#   scripts/test.sh
+#   scripts/test.sh             prepare, then check everything
+#   scripts/test.sh --prepare   only install what is missing
 #
 # CI runs it through .ci/run, in a fresh clone, with CI=true and no stdin.
 set -euo pipefail
@@ -64,6 +66,54 @@ ensure_component() {
         || die "\`cargo $subcommand\` is missing and \`rustup component add $component\` failed (it needs network access)"
 }
 
+# Debian packages that a fresh Debian 12 with only rustup lacks, installed when their command is
+# missing: a C compiler and the C library's headers (the linker rustc calls, and the C parts of ring
+# and of sqlx's bundled SQLite), Python's venv and ensurepip (gateways/setup.sh, the client packaging
+# test), openssl (the compose header tests/deploy.rs runs), the CA bundle, and npm (which brings
+# Debian's Node.js; ensure_node replaces it when it is older than 20).
+ensure_system_packages() {
+    local missing=()
+    command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+    command -v python3 >/dev/null 2>&1 || missing+=(python3)
+    python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+    command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+    [ -e /etc/ssl/certs/ca-certificates.crt ] || missing+=(ca-certificates)
+    command -v npm >/dev/null 2>&1 || missing+=(npm)
+    if [ "${#missing[@]}" -eq 0 ]; then
+        return
+    fi
+    step "apt-get install ${missing[*]}"
+    as_root apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+}
+
+# Node.js 20 or later for the TypeScript gateway and client. Debian 12's is 18: then Node 20 comes
+# from the npm registry (the node-linux-* package ships the official binary), into scripts/.tools/,
+# and goes first on the PATH; Debian's npm runs on it.
+NODE_VERSION=20.20.2
+ensure_node() {
+    local major
+    major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+    if [ "$major" -ge 20 ]; then
+        return
+    fi
+    local arch
+    case "$(uname -m)" in
+        x86_64) arch=x64 ;;
+        aarch64) arch=arm64 ;;
+        *) die "Node.js $major is too old and no Node.js 20 package is known for $(uname -m)" ;;
+    esac
+    local tools="$PWD/scripts/.tools/node-$NODE_VERSION"
+    local bin="$tools/node_modules/node-linux-$arch/bin"
+    if [ ! -x "$bin/node" ]; then
+        step "npm install node-linux-$arch@$NODE_VERSION (Node.js ${major} is older than 20)"
+        mkdir -p "$tools"
+        npm install --prefix "$tools" --no-save --no-audit --no-fund --loglevel=error "node-linux-$arch@$NODE_VERSION"
+    fi
+    export PATH="$bin:$PATH"
+    [ "$(node -p 'process.versions.node')" = "$NODE_VERSION" ] || die "node-linux-$arch did not put Node.js $NODE_VERSION on the PATH"
+}
+
 # PostgreSQL on 127.0.0.1:5432, for the store tests (tests/store.rs). Starts Debian's packaged
 # cluster when it is not answering, installs the package first when it is missing, and exports
 # DATABASE_URL. A server that is already running is used as it is. CAPGATE_REQUIRE_POSTGRES=1 turns
@@ -117,8 +167,15 @@ ensure_postgres() {
 }
 
 ensure_cargo
+ensure_system_packages
+ensure_node
 ensure_component fmt rustfmt
 ensure_component clippy clippy
+if [ "${1:-}" = --prepare ]; then
+    ensure_postgres
+    step "ready: cc, python3 -m venv, openssl, node $(node --version), npm $(npm --version), PostgreSQL on 127.0.0.1:5432"
+    exit 0
+fi
 
 step "cargo fmt --all --check"
 cargo fmt --all --check

@@ -1766,3 +1766,156 @@ async fn the_compose_headers_commands_work_against_the_binary() {
         String::from_utf8_lossy(&refused.stderr)
     );
 }
+
+/// Where a `capgate serve` of the README listens and keeps its store.
+#[derive(Debug, PartialEq)]
+struct Service {
+    listen: String,
+    store: String,
+}
+
+/// The service a README block starts: `serve`'s flags, else the environment the block sourced,
+/// else `capgate serve --help`'s defaults. `None` when the block starts none.
+fn service_of(block: &str, env: &BTreeMap<String, String>) -> Option<Service> {
+    let line = logical_lines(block).into_iter().find(|line| {
+        line.split_whitespace().any(|word| word == "serve") && line.contains("capgate")
+            || line.contains("-- serve")
+    })?;
+    let args: Vec<String> = line
+        .split_whitespace()
+        .skip_while(|word| *word != "serve")
+        .map(str::to_owned)
+        .collect();
+    let help = Command::new(BIN).args(["serve", "--help"]).output().unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    let setting = |flag: &str, variable: &str| -> String {
+        if let Some(value) = values_of(&args, flag).pop() {
+            return value;
+        }
+        if let Some(value) = env.get(variable) {
+            return value.clone();
+        }
+        help.split(&format!("[env: {variable}] [default: "))
+            .nth(1)
+            .and_then(|rest| rest.split(']').next())
+            .unwrap_or_else(|| panic!("`capgate serve --help` gives no default for {variable}"))
+            .to_owned()
+    };
+    Some(Service {
+        listen: setting("--listen", "CAPGATE_LISTEN"),
+        store: setting("--database-url", "CAPGATE_DATABASE_URL"),
+    })
+}
+
+/// The fenced shell blocks of a Markdown text.
+fn shell_blocks(markdown: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in markdown.lines() {
+        match (line.trim_start().strip_prefix("```"), &mut current) {
+            (Some(_), Some(_)) => blocks.extend(current.take()),
+            (Some(tag), None) => current = matches!(tag.trim(), "sh" | "bash").then(String::new),
+            (None, Some(block)) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            (None, None) => {}
+        }
+    }
+    blocks
+}
+
+/// Every way the README's tour would collide with its main command: the same address, the same
+/// store, or a gateway that asks another service than the tour's. `tour_env` is what sourcing
+/// examples/tour/tour.env sets.
+fn tour_collisions(readme: &str, tour_env: &BTreeMap<String, String>) -> Vec<String> {
+    let blocks = shell_blocks(readme);
+    let main = blocks
+        .iter()
+        .find(|block| block.contains("cargo run --release -- serve"))
+        .and_then(|block| service_of(block, &BTreeMap::new()))
+        .expect("README.md's main command starts `capgate serve`");
+    let tour = blocks
+        .iter()
+        .find(|block| block.contains(". examples/tour/tour.env") && block.contains("capgate serve"))
+        .and_then(|block| service_of(block, tour_env))
+        .expect("README.md's tour starts `capgate serve` after sourcing examples/tour/tour.env");
+    let mut problems = Vec::new();
+    if main.listen == tour.listen {
+        problems.push(format!(
+            "the main command and the tour both listen on {}",
+            tour.listen
+        ));
+    }
+    if main.store == tour.store {
+        problems.push(format!(
+            "the main command and the tour share the store {}",
+            tour.store
+        ));
+    }
+    let asked = tour_env
+        .get("CAPGATE_URL")
+        .map(String::as_str)
+        .unwrap_or("http://127.0.0.1:50051");
+    if asked != format!("http://{}", tour.listen) {
+        problems.push(format!(
+            "the tour's gateway asks {asked}, and the tour's service listens on {}",
+            tour.listen
+        ));
+    }
+    problems
+}
+
+/// What sourcing examples/tour/tour.env sets, of the variables that place the tour's service.
+fn tour_env() -> BTreeMap<String, String> {
+    let names = ["CAPGATE_LISTEN", "CAPGATE_DATABASE_URL", "CAPGATE_URL"];
+    let script = format!(
+        ". examples/tour/tour.env\n{}",
+        names
+            .map(|name| format!("printf '%s\\n' \"${{{name}-<unset>}}\""))
+            .join("\n")
+    );
+    let mut command = Command::new("bash");
+    command
+        .args(["-euo", "pipefail", "-c", &script])
+        .current_dir(repository());
+    for name in names {
+        command.env_remove(name);
+    }
+    let output = command.output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    names
+        .into_iter()
+        .zip(String::from_utf8(output.stdout).unwrap().lines())
+        .filter(|(_, value)| *value != "<unset>")
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect()
+}
+
+#[test]
+fn the_readme_tour_runs_beside_the_main_command() {
+    let readme = read("README.md");
+    let env = tour_env();
+    let problems = tour_collisions(&readme, &env);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+
+    // The check can fail: tour.env as it was (issue 29) collides on the address, and a tour without
+    // a store of its own would share the main command's.
+    let mut former = env.clone();
+    former.remove("CAPGATE_LISTEN");
+    former.remove("CAPGATE_URL");
+    assert_eq!(
+        tour_collisions(&readme, &former),
+        ["the main command and the tour both listen on 127.0.0.1:50051"]
+    );
+    let mut shared = env.clone();
+    shared.remove("CAPGATE_DATABASE_URL");
+    assert_eq!(
+        tour_collisions(&readme, &shared),
+        ["the main command and the tour share the store sqlite://capgate.db"]
+    );
+}
