@@ -7,13 +7,14 @@
 #   CAPGATE_BIN   the capgate binary (default: target/debug/capgate at the repository root)
 set -euo pipefail
 
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-gateways="$(cd "$here/.." && pwd)"
+bench="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+gateways="$(cd "$bench/.." && pwd)"
 repo="$(cd "$gateways/.." && pwd)"
 export CAPGATE_BIN="${CAPGATE_BIN:-$repo/target/debug/capgate}"
 case "$CAPGATE_BIN" in /*) ;; *) CAPGATE_BIN="$repo/$CAPGATE_BIN" ;; esac
 
+# setup.sh is sourced (it leaves $uv set) and sets its own $here.
 source "$gateways/setup.sh"
 (cd "$gateways/typescript" && npm ci --no-audit --no-fund --loglevel=error && npm run build --silent)
 (cd "$gateways/conformance" && npm ci --no-audit --no-fund --loglevel=error)
-exec "$uv" run --frozen python "$here/overhead.py" "$@"
+exec "$uv" run --frozen python "$bench/overhead.py" "$@"
