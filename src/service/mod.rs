@@ -36,6 +36,7 @@ pub mod grpc;
 pub mod health;
 pub mod identify;
 pub mod pipeline;
+pub mod proxied;
 pub mod retention;
 
 use std::future::Future;

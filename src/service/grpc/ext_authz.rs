@@ -45,12 +45,10 @@ use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value as ProtoValue
 use envoy_types::pb::google::rpc;
 use percent_encoding::percent_decode_str;
 use prost::Message;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tonic::{Code, Request, Response, Status};
 
-use capgate_core::access::{Decision, Limits, ReasonCode, Standing};
 use capgate_core::capabilities::exposed_name;
-use capgate_core::principals::AuthProblem;
 
 use crate::identity::Presented;
 use crate::service::auth::Role;
@@ -58,44 +56,23 @@ use crate::service::bounds;
 use crate::service::config::ExtAuthzSettings as Settings;
 use crate::service::grpc::lenient::LenientAuthorization;
 use crate::service::identify::Asked;
-use crate::service::pipeline::{self, Answer, Ask, Refusal, Remember, Replied, Target, Verdict};
+use crate::service::pipeline::{self, Answer, Ask, Refusal, Remember, Replied, Target};
+use crate::service::proxied::{
+    self, bearer_token, Class, Fact, HttpAnswer, AUTHORIZATION, CLIENT_CERT, KUADRANT_METHOD,
+    KUADRANT_SERVER, KUADRANT_TOOL, MCP_METHOD, MCP_NAME, RPC_INVALID_REQUEST, RPC_PARSE_ERROR,
+};
 use crate::service::State;
 use crate::store::{Door, Store};
 
-/// The headers the door reads the MCP target from (lower-case, as Envoy forwards them).
-const MCP_METHOD: &str = "mcp-method";
-const MCP_NAME: &str = "mcp-name";
-const KUADRANT_METHOD: &str = "x-mcp-method";
-const KUADRANT_TOOL: &str = "x-mcp-toolname";
-const KUADRANT_SERVER: &str = "x-mcp-servername";
 /// The `context_extensions` key a route sets to name the MCP server behind it.
 const SERVER_EXTENSION: &str = "mcp_server";
-/// The dynamic metadata namespaces of Envoy's MCP filter: `mcp_proxy` is what the filter
-/// writes (and the MCP router reads by default); `envoy.filters.http.mcp` is how Envoy's
-/// well-known-metadata page names it.
-const MCP_METADATA: [&str; 2] = ["mcp_proxy", "envoy.filters.http.mcp"];
-const AUTHORIZATION: &str = "authorization";
-const CLIENT_CERT: &str = "x-forwarded-client-cert";
+/// The dynamic metadata namespaces of Envoy's MCP filter: `envoy.filters.http.mcp` since Envoy
+/// 1.38, `mcp_proxy` before (and with the runtime guard
+/// `mcp_filter_use_new_metadata_namespace` off).
+const MCP_METADATA: [&str; 2] = ["envoy.filters.http.mcp", "mcp_proxy"];
 const REQUEST_ID: &str = "x-request-id";
 /// Set by Envoy when `allow_partial_message` cut the body at `max_request_bytes`.
 const PARTIAL_BODY: &str = "x-envoy-auth-partial-body";
-
-/// Headers the door adds for the upstream hop on an allow (overwriting whatever the client sent).
-pub const DECISION_ID_HEADER: &str = "x-capgate-decision-id";
-pub const ACCOUNT_HEADER: &str = "x-capgate-account";
-
-/// The methods that pass without a decision: they read nothing a grant guards, and ext_authz
-/// sees only the request, so it cannot filter a listing's response.
-const PASSING: [&str; 3] = ["initialize", "ping", "tools/list"];
-const NOTIFICATIONS: &str = "notifications/";
-const TOOLS_CALL: &str = "tools/call";
-
-/// JSON-RPC error codes in the answer's body: MCP's own for an unknown tool ("Invalid params"),
-/// a server-defined one for every refusal by policy, and the standard ones for a bad request.
-const RPC_UNKNOWN_TOOL: i64 = -32602;
-const RPC_REFUSED: i64 = -32001;
-const RPC_INVALID_REQUEST: i64 = -32600;
-const RPC_PARSE_ERROR: i64 = -32700;
 
 /// The ext_authz service over a store.
 pub struct ExtAuthz<S: Store> {
@@ -124,7 +101,7 @@ impl<S: Store> Authorization for ExtAuthz<S> {
         let rpc_id = forwarded.rpc_id.clone();
         let tool = match forwarded.class(&self.settings) {
             Class::Pass => return Ok(Response::new(passed())),
-            Class::Refused(rejected) => return Ok(Response::new(rejected.response())),
+            Class::Refused(refused) => return Ok(Response::new(check_response(refused))),
             Class::Decide(tool) => tool,
         };
         let active = match pipeline::current(&self.state) {
@@ -197,13 +174,6 @@ struct Forwarded<'a> {
     received: Option<String>,
     /// The JSON-RPC `id` of the body, echoed in an error body.
     rpc_id: Value,
-}
-
-/// How a request is answered, by its MCP method.
-enum Class {
-    Pass,
-    Refused(Rejected),
-    Decide(String),
 }
 
 impl<'a> Forwarded<'a> {
@@ -352,46 +322,17 @@ impl<'a> Forwarded<'a> {
 
     /// The method policy, failing closed.
     fn class(&self, settings: &Settings) -> Class {
-        let Some(method) = self.method.as_deref() else {
-            return Class::Refused(Rejected::new(
-                HttpCode::Forbidden,
-                Code::PermissionDenied,
-                RPC_INVALID_REQUEST,
-                "no MCP method: send `mcp-method` (MCP 2026-07-28), run Envoy's MCP filter, or forward \
-                 the JSON-RPC body (`with_request_body`)"
-                    .to_owned(),
-                &self.rpc_id,
-            ));
-        };
-        if method == TOOLS_CALL {
-            return match &self.tool {
-                Some(tool) => Class::Decide(tool.to_string()),
-                None => Class::Refused(Rejected::new(
-                    HttpCode::BadRequest,
-                    Code::InvalidArgument,
-                    RPC_INVALID_REQUEST,
-                    "`mcp-name`: required for `tools/call` (or `params.name` in the forwarded body)"
-                        .to_owned(),
-                    &self.rpc_id,
-                )),
-            };
-        }
-        if PASSING.contains(&method)
-            || method.starts_with(NOTIFICATIONS)
-            || settings.allowed_methods.iter().any(|allowed| allowed == method)
-        {
-            return Class::Pass;
-        }
-        Class::Refused(Rejected::new(
-            HttpCode::Forbidden,
-            Code::PermissionDenied,
-            RPC_REFUSED,
-            format!(
-                "MCP method `{method}` is not allowed through ext_authz: only `tools/call` is decided; \
-                 allow others with `--ext-authz-allow-method`"
-            ),
+        proxied::classify(
+            self.method.as_deref(),
+            self.tool.as_deref(),
+            settings,
             &self.rpc_id,
-        ))
+            (
+                "ext_authz",
+                "send `mcp-method` (MCP 2026-07-28), run Envoy's MCP filter, or forward the JSON-RPC \
+                 body (`with_request_body`)",
+            ),
+        )
     }
 
     /// The caller's credential: a bearer token, else an API key, else a client certificate.
@@ -406,12 +347,6 @@ impl<'a> Forwarded<'a> {
             hint: None,
         }
     }
-}
-
-/// The token of an `authorization: Bearer <token>` value (the scheme is case-insensitive).
-fn bearer_token(value: &str) -> Option<&str> {
-    let (scheme, token) = value.trim().split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then_some(token.trim())
 }
 
 /// The forwarded headers: the `headers` map, or `header_map` when Envoy's `encode_raw_headers`
@@ -634,236 +569,91 @@ impl Rejected {
     }
 
     fn response(self) -> CheckResponse {
-        let body = json!({
-            "jsonrpc": "2.0",
-            "id": self.rpc_id,
-            "error": { "code": self.rpc_code, "message": self.message },
-        });
-        denied(self.grpc, &self.message, self.http, Vec::new(), &body, None)
+        check_response(HttpAnswer::rejected(
+            self.http as i32 as u16,
+            self.grpc,
+            self.rpc_code,
+            self.message,
+            &self.rpc_id,
+        ))
     }
 }
 
 /// An allowed request that needs no decision.
 fn passed() -> CheckResponse {
-    CheckResponse {
-        status: Some(rpc::Status {
-            code: Code::Ok as i32,
-            ..Default::default()
-        }),
-        http_response: Some(HttpResponse::OkResponse(OkHttpResponse::default())),
-        ..Default::default()
-    }
+    check_response(HttpAnswer::passed())
 }
 
-/// No answer could be had (no active version, keys or audit out of reach; a gateway not trusted
-/// to forward a certificate): a denial, so that the request fails closed.
+/// No answer could be had: a denial, so that the request fails closed.
 fn refused(refusal: &Refusal, rpc_id: &Value) -> CheckResponse {
-    let (http, grpc, headers) = match refusal {
-        Refusal::PermissionDenied(_) => (HttpCode::Forbidden, Code::PermissionDenied, Vec::new()),
-        Refusal::Unavailable(_) => (
-            HttpCode::ServiceUnavailable,
-            Code::Unavailable,
-            vec![header("retry-after", "1")],
-        ),
-        Refusal::RequestIdReused { request_id } => {
-            // draft-ietf-httpapi-idempotency-key-header: a key reused with another request is 422.
-            let message = pipeline::reused(REQUEST_ID, request_id);
-            let body = json!({
-                "jsonrpc": "2.0",
-                "id": rpc_id,
-                "error": {
-                    "code": RPC_INVALID_REQUEST,
-                    "message": message,
-                    "data": { "code": "request_id_reused" },
-                },
-            });
-            return denied(
-                Code::InvalidArgument,
-                &message,
-                HttpCode::UnprocessableEntity,
-                Vec::new(),
-                &body,
-                None,
-            );
-        }
-    };
-    let message = refusal.to_string();
-    let body = json!({
-        "jsonrpc": "2.0",
-        "id": rpc_id,
-        "error": { "code": RPC_REFUSED, "message": message },
-    });
-    denied(grpc, &message, http, headers, &body, None)
+    check_response(HttpAnswer::refused(refusal, rpc_id, REQUEST_ID))
 }
 
 /// The pipeline's answer as a `CheckResponse`.
 fn response(answer: &Answer<'_>, rpc_id: &Value) -> CheckResponse {
-    let Answer {
-        decision_id,
-        at_ms,
-        active,
-        verdict,
+    check_response(HttpAnswer::decided(answer, rpc_id))
+}
+
+/// The answer in Envoy's terms: an `OkHttpResponse` with the upstream's headers and the client's
+/// added ones, or a `DeniedHttpResponse` with the client's status, headers and JSON-RPC body;
+/// what was decided as dynamic metadata under the ext_authz filter's namespace.
+fn check_response(answer: HttpAnswer) -> CheckResponse {
+    let HttpAnswer {
+        status,
+        grpc,
+        message,
+        headers,
+        upstream,
+        body,
+        facts,
     } = answer;
-    let mut metadata = vec![
-        ("decision_id", text(decision_id)),
-        ("policy_version", text(&active.version)),
-        ("policy_revision", number(active.revision as f64)),
-    ];
-    let error = |rpc_code: i64, message: String, code: &str, pointer: &str| {
-        json!({
-            "jsonrpc": "2.0",
-            "id": rpc_id,
-            "error": {
-                "code": rpc_code,
-                "message": message,
-                "data": {
-                    "decision_id": decision_id,
-                    "code": code,
-                    "pointer": pointer,
-                    "policy_version": active.version,
-                },
-            },
-        })
+    let metadata = facts.map(|facts| {
+        structure(
+            facts
+                .into_iter()
+                .map(|(key, fact)| {
+                    let value = match fact {
+                        Fact::Text(value) => text(&value),
+                        Fact::Number(value) => number(value),
+                    };
+                    (key, value)
+                })
+                .collect(),
+        )
+    });
+    let options = |pairs: Vec<(&'static str, String)>| -> Vec<HeaderValueOption> {
+        pairs.iter().map(|(key, value)| header(key, value)).collect()
     };
-    match verdict {
-        Verdict::Unauthenticated(problem) => {
-            let code = problem.as_str();
-            metadata.extend([("outcome", text("unauthenticated")), ("code", text(code))]);
-            let challenge = match problem {
-                AuthProblem::CredentialMissing => "Bearer".to_owned(),
-                _ => format!("Bearer error=\"invalid_token\", error_description=\"{code}\""),
-            };
-            let body = error(
-                RPC_REFUSED,
-                format!("the caller is not authenticated: {code}: {}", problem.describe()),
-                code,
-                "",
-            );
-            denied(
-                Code::Unauthenticated,
-                code,
-                HttpCode::Unauthorized,
-                vec![header("www-authenticate", &challenge)],
-                &body,
-                Some(metadata),
-            )
-        }
-        Verdict::UnknownTool(name) => {
-            metadata.extend([("outcome", text("unknown_tool")), ("code", text("unknown_tool"))]);
-            let body = error(
-                RPC_UNKNOWN_TOOL,
-                format!("unknown tool `{name}`: not in the active catalog"),
-                "unknown_tool",
-                "",
-            );
-            denied(
-                Code::NotFound,
-                "unknown tool",
-                HttpCode::Forbidden,
-                Vec::new(),
-                &body,
-                Some(metadata),
-            )
-        }
-        Verdict::Decided(decided) => {
-            let reason = decided.decision.reason();
-            let code = reason.code.as_str();
-            metadata.extend([("code", text(code)), ("pointer", text(reason.path))]);
-            match &decided.decision {
-                Decision::Allow(allow) => {
-                    metadata.extend([("outcome", text("allow")), ("account", text(&allow.account.id))]);
-                    let mut ok = OkHttpResponse {
-                        headers: vec![
-                            header(DECISION_ID_HEADER, decision_id),
-                            header(ACCOUNT_HEADER, &allow.account.id),
-                        ],
-                        ..Default::default()
-                    };
-                    if let (Some(limits), Some(standing)) = (allow.limits, decided.standing) {
-                        ok.response_headers_to_add = rate_limit(limits, standing, *at_ms);
-                    }
-                    CheckResponse {
-                        status: Some(rpc::Status {
-                            code: Code::Ok as i32,
-                            ..Default::default()
-                        }),
-                        http_response: Some(HttpResponse::OkResponse(ok)),
-                        dynamic_metadata: Some(structure(metadata)),
-                    }
-                }
-                Decision::Deny(_) => {
-                    metadata.push(("outcome", text("deny")));
-                    let (http, grpc, headers) = match reason.code {
-                        ReasonCode::LimitExhausted => (
-                            HttpCode::TooManyRequests,
-                            Code::ResourceExhausted,
-                            retry_after(decided.resets_at, *at_ms).into_iter().collect(),
-                        ),
-                        ReasonCode::UsageUnknown => (
-                            HttpCode::ServiceUnavailable,
-                            Code::Unavailable,
-                            vec![header("retry-after", "1")],
-                        ),
-                        _ => (HttpCode::Forbidden, Code::PermissionDenied, Vec::new()),
-                    };
-                    let message = format!("denied: {code}: {}", reason.message());
-                    let body = error(RPC_REFUSED, message, code, reason.path);
-                    denied(grpc, code, http, headers, &body, Some(metadata))
-                }
-            }
-        }
-    }
-}
-
-/// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers) for the client:
-/// the ceiling, and what is left of it after this call.
-fn rate_limit(limits: &Limits, standing: Standing, at_ms: i64) -> Vec<HeaderValueOption> {
-    let window_s = limits.window_ms.div_ceil(1000);
-    let reset_s = seconds_until(standing.resets_at, at_ms);
-    vec![
-        header(
-            "ratelimit-policy",
-            &format!("\"capgate\";q={};w={window_s}", limits.calls),
-        ),
-        header(
-            "ratelimit",
-            &format!("\"capgate\";r={};t={reset_s}", standing.remaining),
-        ),
-    ]
-}
-
-/// Whole seconds from `at_ms` until `instant`, rounded up; 0 once it has passed.
-fn seconds_until(instant: i64, at_ms: i64) -> u64 {
-    (instant - at_ms).max(0).unsigned_abs().div_ceil(1000)
-}
-
-/// `Retry-After` for an exhausted ceiling: the seconds until its full window ends (at least 1).
-/// The pipeline sets `resets_at` on every `limit_exhausted`.
-fn retry_after(resets_at: Option<i64>, at_ms: i64) -> Option<HeaderValueOption> {
-    resets_at.map(|resets_at| header("retry-after", &seconds_until(resets_at, at_ms).max(1).to_string()))
-}
-
-fn denied(
-    grpc: Code,
-    message: &str,
-    http: HttpCode,
-    mut headers: Vec<HeaderValueOption>,
-    body: &Value,
-    metadata: Option<Vec<(&'static str, ProtoValue)>>,
-) -> CheckResponse {
-    headers.push(header("content-type", "application/json"));
+    let Some(body) = body else {
+        return CheckResponse {
+            status: Some(rpc::Status {
+                code: Code::Ok as i32,
+                ..Default::default()
+            }),
+            http_response: Some(HttpResponse::OkResponse(OkHttpResponse {
+                headers: options(upstream),
+                response_headers_to_add: options(headers),
+                ..Default::default()
+            })),
+            dynamic_metadata: metadata,
+        };
+    };
+    let mut denied_headers = options(headers);
+    denied_headers.push(header("content-type", "application/json"));
     CheckResponse {
         status: Some(rpc::Status {
             code: grpc as i32,
-            message: message.to_owned(),
+            message,
             details: Vec::new(),
         }),
         http_response: Some(HttpResponse::DeniedResponse(DeniedHttpResponse {
-            status: Some(HttpStatus { code: http as i32 }),
-            headers,
+            status: Some(HttpStatus {
+                code: i32::from(status),
+            }),
+            headers: denied_headers,
             body: body.to_string(),
         })),
-        dynamic_metadata: metadata.map(structure),
+        dynamic_metadata: metadata,
     }
 }
 

@@ -39,13 +39,13 @@ use tonic::{Request, Response, Status};
 
 use capgate_core::access::{Decision, ReasonCode};
 
-use super::ext_authz::{ACCOUNT_HEADER, DECISION_ID_HEADER};
 use crate::identity::Presented;
 use crate::service::auth::Role;
 use crate::service::bounds;
 use crate::service::config::ExtAuthzSettings;
 use crate::service::identify::{Asked, AssertedCaller};
 use crate::service::pipeline::{self, Answer, Ask, Refusal, Remember, Replied, Target, Verdict};
+use crate::service::proxied::{ACCOUNT_HEADER, DECISION_ID_HEADER};
 use crate::service::State;
 use crate::store::{Door, Store};
 use crate::wire::ext_mcp::{
