@@ -34,5 +34,8 @@ if [ ! -x "$CAPGATE_BIN" ]; then
   exit 1
 fi
 
+# capgate's ext_authz door behind a real Envoy, from its own lock (peers/run-tests.sh).
+UV="$uv" timeout 600 bash "$here/peers/run-tests.sh"
+
 # One pytest run: the unit tests, then the scenarios (each gateway in turn).
 exec timeout 900 "$uv" run --frozen pytest -p no:cacheprovider "$python_dir/tests" "$here/scenarios" "$@"
