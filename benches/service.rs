@@ -40,7 +40,8 @@
 //! baseline), and `ext-mcp-uncapped` (`uncapped` through agentgateway's ExtMCP
 //! door), `ext-authz-uncapped` (the same tool through Envoy's ext_authz door, the
 //! caller's own API key of a `static-key` issuer) and `authzen-uncapped` (AuthZEN
-//! evaluations over HTTP/1.1), each against `uncapped`; `ext-mcp-capped` and
+//! evaluations over HTTP/1.1) and `forward-auth-uncapped` (a proxy's bodyless forward-auth
+//! subrequest over HTTP/1.1, the bench key), each against `uncapped`; `ext-mcp-capped` and
 //! `authzen-capped` against `capped`, `ext-authz-capped-hot` (the static key is one
 //! principal) against `capped-hot`.
 //!
@@ -410,6 +411,10 @@ fn drive<S: Store>(
                     // `Plan::of` keeps this scenario for the in-process server only.
                     plan::Scenario::AuthzenUncapped | plan::Scenario::AuthzenCapped => match http_addr {
                         Some(addr) => Load::Authzen(&requests, addr),
+                        None => continue,
+                    },
+                    plan::Scenario::ForwardAuthUncapped => match http_addr {
+                        Some(addr) => Load::ForwardAuth("bench__free", addr),
                         None => continue,
                     },
                     _ => Load::Decide(&requests),

@@ -1,6 +1,7 @@
-//! The four doors agree (issue 11): the example policy's worked cases asked through capgate's own
-//! `Decide`, Envoy's ext_authz `Check`, agentgateway's ExtMCP `CheckRequest` and AuthZEN's
-//! `POST /access/v1/evaluation`, of one real `capgate serve` over PostgreSQL. Each case is asked
+//! The doors agree (issues 11, 27): the example policy's worked cases asked through capgate's own
+//! `Decide`, Envoy's ext_authz `Check`, agentgateway's ExtMCP `CheckRequest`, AuthZEN's
+//! `POST /access/v1/evaluation` and a proxy's forward-auth subrequest, of one real
+//! `capgate serve` over PostgreSQL. Each case is asked
 //! through every door that can express its caller — an asserted principal on the doors that take
 //! one, and the caller's own credential (the nightly runner's API key, the mesh's client
 //! certificate) wherever the door forwards it — and every answer, read as that door's client
@@ -35,7 +36,7 @@ use hyper_util::rt::TokioExecutor;
 use prost_types::Value as ProtoValue;
 use serde_json::{json, Value};
 use support::client::{principal, recorded_code, wait_serving, CATALOG, POLICY};
-use support::doors::{as_gateway, forwarded, http_addr, object, string, structure};
+use support::doors::{as_gateway, forwarded, http_addr, object, string, structure, FORWARD_AUTH_REQUEST_ID};
 use support::postgres::TestDatabase;
 use support::process::Serve;
 use tonic::transport::Channel;
@@ -138,6 +139,7 @@ impl Caller {
                 (Door::Capgate, Via::Asserted),
                 (Door::Capgate, Via::ApiKey),
                 (Door::ExtAuthz, Via::ApiKey),
+                (Door::ForwardAuth, Via::ApiKey),
                 (Door::ExtMcp, Via::Asserted),
                 (Door::ExtMcp, Via::ApiKey),
                 (Door::Authzen, Via::Asserted),
@@ -147,6 +149,7 @@ impl Caller {
                 (Door::Capgate, Via::Asserted),
                 (Door::Capgate, Via::Certificate),
                 (Door::ExtAuthz, Via::Certificate),
+                (Door::ForwardAuth, Via::Certificate),
                 (Door::ExtMcp, Via::Asserted),
                 (Door::Authzen, Via::Asserted),
                 (Door::Authzen, Via::Certificate),
@@ -333,6 +336,8 @@ impl World {
                 "127.0.0.1:0",
                 "--asserting-gateway-token",
                 &gateway,
+                "--forward-auth-request-id-header",
+                FORWARD_AUTH_REQUEST_ID,
             ],
             &[
                 ("CAPGATE_TEST_DOORS_TOKEN", GATEWAY_TOKEN),
@@ -370,7 +375,55 @@ impl World {
             Door::ExtAuthz => self.check(via, caller, tool, request_id).await,
             Door::ExtMcp => self.check_request(via, caller, tool, request_id).await,
             Door::Authzen => self.evaluate(via, caller, tool, request_id).await,
+            Door::ForwardAuth => self.forward_auth(via, caller, tool, request_id).await,
         }
+    }
+
+    /// A proxy's forward-auth subrequest: no body; `mcp-method`/`mcp-name`, the caller's key or
+    /// the client certificate the TLS terminator forwards, the proxy's token and request id.
+    async fn forward_auth(
+        &mut self,
+        via: Via,
+        caller: Caller,
+        tool: &str,
+        request_id: &str,
+    ) -> (Seen, String) {
+        let xfcc;
+        let credential = match via {
+            Via::ApiKey => ("x-api-key", NIGHTLY_KEY),
+            Via::Certificate => {
+                xfcc = format!("Hash=ab;Subject=\"{}\"", caller.dn());
+                ("x-forwarded-client-cert", xfcc.as_str())
+            }
+            Via::Asserted => panic!("a forward-auth subrequest cannot assert a principal"),
+        };
+        let mut request = hyper::Request::builder()
+            .method("GET")
+            .uri(format!("http://{}/forward-auth", self.http))
+            .header("x-capgate-gateway-token", GATEWAY_TOKEN)
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", tool)
+            .header(FORWARD_AUTH_REQUEST_ID, request_id);
+        request = request.header(credential.0, credential.1);
+        let request = request.body(Full::new(Bytes::new())).expect("a request");
+        let response = self.http_client.request(request).await.expect("an HTTP answer");
+        let status = response.status().as_u16();
+        let bytes = response.into_body().collect().await.expect("a body").to_bytes();
+        let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let code = body["error"]["data"]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let seen = match (status, body["error"]["code"].as_i64()) {
+            (200, _) => Seen {
+                outcome: Outcome::Allow,
+                code: None,
+            },
+            (401, _) => Seen::new(Outcome::Unauthenticated, &code),
+            (_, Some(-32602)) => Seen::new(Outcome::UnknownTool, &code),
+            _ => Seen::new(Outcome::Deny, &code),
+        };
+        (seen, format!("{status} {body}"))
     }
 
     /// `capgate.v1.DecisionService/Decide`.

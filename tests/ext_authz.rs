@@ -330,14 +330,26 @@ fn text(value: &str) -> ProtoValue {
     }
 }
 
-/// What Envoy's MCP filter writes for a `tools/call` of `name`.
+/// What Envoy's MCP filter writes for a `tools/call` of `name`, under the namespace Envoy 1.38
+/// and later use.
 fn mcp_filter_metadata(method: &str, name: &str) -> Metadata {
+    mcp_filter_metadata_in("envoy.filters.http.mcp", method, name, 9.0)
+}
+
+/// The same under `namespace`, with the request's JSON-RPC id.
+fn mcp_filter_metadata_in(namespace: &str, method: &str, name: &str, id: f64) -> Metadata {
     let params = Struct {
         fields: [("name".to_owned(), text(name))].into_iter().collect(),
     };
     let fields = Struct {
         fields: [
             ("method".to_owned(), text(method)),
+            (
+                "id".to_owned(),
+                ProtoValue {
+                    kind: Some(Kind::NumberValue(id)),
+                },
+            ),
             (
                 "params".to_owned(),
                 ProtoValue {
@@ -349,7 +361,7 @@ fn mcp_filter_metadata(method: &str, name: &str) -> Metadata {
         .collect(),
     };
     Metadata {
-        filter_metadata: [("mcp_proxy".to_owned(), fields)].into_iter().collect(),
+        filter_metadata: [(namespace.to_owned(), fields)].into_iter().collect(),
         ..Default::default()
     }
 }
@@ -423,15 +435,19 @@ async fn every_reason_code_and_credential_kind_is_answered_as_envoy_expects_and_
 
     // An API key in the default `x-api-key` header. (`ambiguous_grant` cannot be reached: the
     // compiler refuses a policy where two grants can match one principal with two accounts.)
-    let keyed = seen(
-        &world
-            .check(forwarded(&[
-                ("mcp-method", "tools/call"),
-                ("mcp-name", "ops__restart"),
-                ("x-api-key", STATIC_KEY),
-            ]))
-            .await,
-    );
+    let keyed_response = world
+        .check(forwarded(&[
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "ops__restart"),
+            ("x-api-key", STATIC_KEY),
+        ]))
+        .await;
+    // The key is capgate's to check, not the upstream's to see.
+    let Some(HttpResponse::OkResponse(ok)) = &keyed_response.http_response else {
+        panic!("not allowed: {keyed_response:?}");
+    };
+    assert_eq!(ok.headers_to_remove, ["x-api-key"]);
+    let keyed = seen(&keyed_response);
     assert_eq!(keyed.http, 200, "{keyed:?}");
     assert_eq!(keyed.headers["x-capgate-account"], "ops-a");
     let record = world.record(&keyed.headers["x-capgate-decision-id"]).await;
@@ -608,6 +624,37 @@ async fn the_target_comes_from_headers_the_mcp_filter_kuadrant_or_the_body_and_m
     );
     let id = allowed_tool(&seen(&world.check(from_metadata).await));
     assert_eq!(world.record(&id).await.tool.as_deref(), Some("payments__refund"));
+    // … as Envoy before 1.38 names its namespace; and a denial echoes the id the filter read,
+    // though no body was forwarded.
+    let older = forwarded_with(
+        &[authorization],
+        "",
+        HashMap::new(),
+        Some(mcp_filter_metadata_in(
+            "mcp_proxy",
+            "tools/call",
+            "payments__refund",
+            3.0,
+        )),
+    );
+    allowed_tool(&seen(&world.check(older).await));
+    let unknown = forwarded_with(
+        &[authorization],
+        "",
+        HashMap::new(),
+        Some(mcp_filter_metadata_in(
+            "envoy.filters.http.mcp",
+            "tools/call",
+            "payments__nothing",
+            12.0,
+        )),
+    );
+    let unknown = seen(&world.check(unknown).await);
+    assert_eq!(
+        (unknown.http, unknown.body["id"].clone()),
+        (403, json!(12)),
+        "{unknown:?}"
+    );
 
     // Kuadrant's router: an un-prefixed tool and `<namespace>/<server>`.
     let kuadrant = forwarded(&[
@@ -723,6 +770,7 @@ async fn methods_fail_closed_listing_and_lifecycle_pass_without_a_decision() {
     let billing = format!("Bearer {}", world.token("ana", "billing"));
     for method in [
         "initialize",
+        "server/discover",
         "ping",
         "tools/list",
         "notifications/initialized",

@@ -94,6 +94,8 @@ impl World {
                     "127.0.0.1:0",
                     "--gateway-token",
                     &gateway,
+                    "--forward-auth-request-id-header",
+                    support::doors::FORWARD_AUTH_REQUEST_ID,
                 ],
                 &[
                     ("CAPGATE_TEST_RID_TOKEN", GATEWAY_TOKEN),
@@ -372,6 +374,11 @@ async fn ext_mcp_answers_a_request_id_only_for_its_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn authzen_answers_a_request_id_only_for_its_request() {
     a_request_id_answers_only_its_own_request(Door::Authzen, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_auth_answers_a_request_id_only_for_its_request() {
+    a_request_id_answers_only_its_own_request(Door::ForwardAuth, 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

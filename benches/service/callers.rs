@@ -158,7 +158,8 @@ pub fn requests(scenario: Scenario, principals: usize) -> Vec<DecideRequest> {
         | Scenario::UncappedKeyed
         | Scenario::ExtMcpUncapped
         | Scenario::ExtAuthzUncapped
-        | Scenario::AuthzenUncapped => ("bench__free", principals),
+        | Scenario::AuthzenUncapped
+        | Scenario::ForwardAuthUncapped => ("bench__free", principals),
         Scenario::Capped | Scenario::ExtMcpCapped | Scenario::AuthzenCapped => ("bench__metered", principals),
         Scenario::CappedHot | Scenario::ExtAuthzCappedHot => ("bench__metered", 1),
     };
@@ -201,6 +202,9 @@ pub enum Load<'a> {
     ExtAuthz(&'a str),
     /// The same requests as AuthZEN evaluations, to the HTTP listener at this address.
     Authzen(&'a [DecideRequest], SocketAddr),
+    /// The bench key's `tools/call` of this tool as a proxy's forward-auth subrequest, to the HTTP
+    /// listener at this address.
+    ForwardAuth(&'a str, SocketAddr),
 }
 
 /// What one caller sends: [`Load`] with its own starting point.
@@ -210,6 +214,7 @@ enum Work {
     ExtMcp(Vec<McpRequest>),
     ExtAuthz(Box<CheckRequest>),
     Authzen(Vec<Vec<u8>>, SocketAddr),
+    ForwardAuth(String, SocketAddr),
 }
 
 // ── The callers ────────────────────────────────────────────────────────────
@@ -228,6 +233,7 @@ pub async fn measure_calls(
     for (index, connection) in connections.iter().enumerate() {
         let work = match load {
             Load::Health => Work::Health,
+            Load::ForwardAuth(tool, addr) => Work::ForwardAuth(tool.to_owned(), addr),
             Load::ExtAuthz(tool) => Work::ExtAuthz(Box::new(ext_authz_request(tool))),
             Load::Authzen(requests, addr) => {
                 let start = index * requests.len() / connections.len().max(1);
@@ -301,6 +307,17 @@ async fn caller(connection: Arc<Connection>, work: Work, window: Window, keys: S
                     }
                     Err(problem) => Err(problem),
                 }
+            }
+            Work::ForwardAuth(tool, addr) => {
+                forward_auth(&http, *addr, tool)
+                    .await
+                    .map(|refused| match refused {
+                        None => true,
+                        Some(why) => {
+                            tally.problem.get_or_insert(why);
+                            false
+                        }
+                    })
             }
             Work::ExtAuthz(request) => match ext_authz
                 .check(connection.request(request.as_ref().clone()))
@@ -426,6 +443,29 @@ async fn evaluate(http: &HttpClient, addr: SocketAddr, body: Vec<u8>) -> Result<
         "not allowed: {}",
         answer["context"]["reason"]["code"]
     )))
+}
+
+/// One forward-auth subrequest, as nginx's `auth_request` sends it: no body, the original
+/// request's MCP headers and the caller's key. `Ok(None)` for a 200, else why not.
+async fn forward_auth(http: &HttpClient, addr: SocketAddr, tool: &str) -> Result<Option<String>, String> {
+    let request = hyper::Request::get(format!("http://{addr}/forward-auth"))
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", tool)
+        .header("x-api-key", BENCH_KEY)
+        .body(Full::new(Bytes::new()))
+        .map_err(|error| error.to_string())?;
+    let response = http.request(request).await.map_err(|error| error.to_string())?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|error| error.to_string())?
+        .to_bytes();
+    if status.is_success() {
+        return Ok(None);
+    }
+    Ok(Some(format!("HTTP {status}: {}", String::from_utf8_lossy(&body))))
 }
 
 /// What Envoy sends for a `tools/call` of `tool` by the bench key's holder: the MCP

@@ -110,6 +110,7 @@ fn plans_are_bounded_and_deduplicated() {
             Scenario::ExtMcpUncapped,
             Scenario::ExtAuthzUncapped,
             Scenario::AuthzenUncapped,
+            Scenario::ForwardAuthUncapped,
             Scenario::ExtMcpCapped,
             Scenario::AuthzenCapped,
             Scenario::ExtAuthzCappedHot

@@ -106,6 +106,9 @@ pub enum ScenarioArg {
     /// The uncapped grant through the AuthZEN door (`POST /access/v1/evaluation`, HTTP/1.1 JSON,
     /// the principal asserted), against `uncapped`. Only with the in-process server.
     AuthzenUncapped,
+    /// The uncapped grant through the forward-auth door (a bodyless `GET /forward-auth`, HTTP/1.1,
+    /// the MCP headers and the bench key), against `uncapped`. Only with the in-process server.
+    ForwardAuthUncapped,
     /// The capped grant over `--principals` principals through ExtMCP, against `capped`.
     ExtMcpCapped,
     /// The capped grant over `--principals` principals through AuthZEN, against `capped`.
@@ -113,7 +116,7 @@ pub enum ScenarioArg {
     /// The capped grant through ext_authz: the static key is one principal, so one counter row,
     /// against `capped-hot`.
     ExtAuthzCappedHot,
-    /// All ten.
+    /// All eleven.
     All,
 }
 
@@ -127,6 +130,7 @@ pub enum Scenario {
     ExtMcpUncapped,
     ExtAuthzUncapped,
     AuthzenUncapped,
+    ForwardAuthUncapped,
     ExtMcpCapped,
     AuthzenCapped,
     ExtAuthzCappedHot,
@@ -142,6 +146,7 @@ impl Scenario {
             Scenario::ExtMcpUncapped => "ext-mcp-uncapped",
             Scenario::ExtAuthzUncapped => "ext-authz-uncapped",
             Scenario::AuthzenUncapped => "authzen-uncapped",
+            Scenario::ForwardAuthUncapped => "forward-auth-uncapped",
             Scenario::ExtMcpCapped => "ext-mcp-capped",
             Scenario::AuthzenCapped => "authzen-capped",
             Scenario::ExtAuthzCappedHot => "ext-authz-capped-hot",
@@ -157,6 +162,7 @@ impl Scenario {
             Scenario::ExtMcpUncapped => "ExtMCP CheckRequest uncapped",
             Scenario::ExtAuthzUncapped => "ext_authz Check uncapped",
             Scenario::AuthzenUncapped => "AuthZEN evaluation uncapped",
+            Scenario::ForwardAuthUncapped => "forward-auth subrequest uncapped",
             Scenario::ExtMcpCapped => "ExtMCP CheckRequest capped",
             Scenario::AuthzenCapped => "AuthZEN evaluation capped",
             Scenario::ExtAuthzCappedHot => "ext_authz Check capped, one key",
@@ -221,6 +227,7 @@ impl Plan {
                 ScenarioArg::ExtMcpUncapped => &[Scenario::ExtMcpUncapped],
                 ScenarioArg::ExtAuthzUncapped => &[Scenario::ExtAuthzUncapped],
                 ScenarioArg::AuthzenUncapped => &[Scenario::AuthzenUncapped],
+                ScenarioArg::ForwardAuthUncapped => &[Scenario::ForwardAuthUncapped],
                 ScenarioArg::ExtMcpCapped => &[Scenario::ExtMcpCapped],
                 ScenarioArg::AuthzenCapped => &[Scenario::AuthzenCapped],
                 ScenarioArg::ExtAuthzCappedHot => &[Scenario::ExtAuthzCappedHot],
@@ -232,6 +239,7 @@ impl Plan {
                     Scenario::ExtMcpUncapped,
                     Scenario::ExtAuthzUncapped,
                     Scenario::AuthzenUncapped,
+                    Scenario::ForwardAuthUncapped,
                     Scenario::ExtMcpCapped,
                     Scenario::AuthzenCapped,
                     Scenario::ExtAuthzCappedHot,
@@ -244,15 +252,25 @@ impl Plan {
             }
         }
         if args.server.is_some() {
-            // The AuthZEN door's HTTP port is known only for the in-process server.
-            let authzen = [ScenarioArg::AuthzenUncapped, ScenarioArg::AuthzenCapped];
-            if args.scenario.iter().any(|wanted| authzen.contains(wanted)) {
+            // The HTTP doors' port is known only for the in-process server.
+            let http = [
+                ScenarioArg::AuthzenUncapped,
+                ScenarioArg::AuthzenCapped,
+                ScenarioArg::ForwardAuthUncapped,
+            ];
+            if args.scenario.iter().any(|wanted| http.contains(wanted)) {
                 return Err(Failure::Usage(
-                    "the `authzen-*` scenarios need the in-process server: drop `--server`".to_owned(),
+                    "the `authzen-*` and `forward-auth-*` scenarios need the in-process server: drop \
+                     `--server`"
+                        .to_owned(),
                 ));
             }
-            scenarios
-                .retain(|scenario| !matches!(scenario, Scenario::AuthzenUncapped | Scenario::AuthzenCapped));
+            scenarios.retain(|scenario| {
+                !matches!(
+                    scenario,
+                    Scenario::AuthzenUncapped | Scenario::AuthzenCapped | Scenario::ForwardAuthUncapped
+                )
+            });
         }
         Ok(Plan {
             concurrency,

@@ -15,7 +15,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::service::config::Connections;
-use crate::service::{self, Config, ConfigError, ExtAuthzSettings, PolicyFile, StartError, Tls, Token};
+use crate::service::{
+    self, Config, ConfigError, ExtAuthzSettings, ForwardAuthSettings, PolicyFile, StartError, Tls, Token,
+};
 use crate::telemetry::{self, Telemetry, TelemetryError};
 
 use super::input::{Inputs, Loaded};
@@ -191,6 +193,36 @@ pub struct Args {
         value_delimiter = ','
     )]
     pub ext_authz_allow_method: Vec<String>,
+    /// forward-auth (nginx `auth_request`, Caddy `forward_auth`, Traefik `forwardAuth`): the
+    /// subrequest's header that carries the proxy's own gateway token.
+    #[arg(
+        long,
+        value_name = "HEADER",
+        default_value = "x-capgate-gateway-token",
+        env = "CAPGATE_FORWARD_AUTH_TOKEN_HEADER",
+        hide_env_values = true
+    )]
+    pub forward_auth_token_header: String,
+    /// forward-auth: the header that names the MCP server of a tool named without its
+    /// `<server>__` prefix (a path segment after `/forward-auth/` names it too).
+    #[arg(
+        long,
+        value_name = "HEADER",
+        default_value = "x-mcp-servername",
+        env = "CAPGATE_FORWARD_AUTH_SERVER_HEADER",
+        hide_env_values = true
+    )]
+    pub forward_auth_server_header: String,
+    /// forward-auth: the header with an id the proxy makes for each request (nginx `$request_id`,
+    /// Caddy `{http.request.uuid}`): a retry of the check with it gets the first answer. None
+    /// by default: a client's own `x-request-id` is never taken.
+    #[arg(
+        long,
+        value_name = "HEADER",
+        env = "CAPGATE_FORWARD_AUTH_REQUEST_ID_HEADER",
+        hide_env_values = true
+    )]
+    pub forward_auth_request_id_header: Option<String>,
     /// The server's certificate chain (PEM): serve TLS.
     #[arg(
         long,
@@ -343,6 +375,27 @@ fn config(args: &Args, policy: Option<PolicyFile>) -> Result<Config, Failure> {
         // Envoy forwards header names lower-case.
         api_key_header: args.ext_authz_api_key_header.to_ascii_lowercase(),
         allowed_methods: args.ext_authz_allow_method.clone(),
+    };
+    let header = |flag: &str, name: &str| -> Result<String, Failure> {
+        let name = name.trim().to_ascii_lowercase();
+        let token = !name.is_empty()
+            && name
+                .bytes()
+                .all(|byte| byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte));
+        if token {
+            Ok(name)
+        } else {
+            Err(Failure::Usage(format!("`{flag} {name}`: not a header name")))
+        }
+    };
+    config.forward_auth = ForwardAuthSettings {
+        token_header: header("--forward-auth-token-header", &args.forward_auth_token_header)?,
+        server_header: header("--forward-auth-server-header", &args.forward_auth_server_header)?,
+        request_id_header: args
+            .forward_auth_request_id_header
+            .as_deref()
+            .map(|name| header("--forward-auth-request-id-header", name))
+            .transpose()?,
     };
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         config.tls = Some(Tls {

@@ -134,6 +134,30 @@ impl Tokens {
         )
     }
 
+    /// As [`Tokens::authorize_http`], with the token in a header of its own (`name`, lower-case),
+    /// bare or as `Bearer <token>`: the forward-auth door, whose `authorization` is the caller's.
+    pub fn authorize_header(
+        &self,
+        headers: &tonic::codegen::http::HeaderMap,
+        name: &str,
+        role: Role,
+    ) -> Result<Gateway, Status> {
+        let value = headers.get(name).map(|value| value.as_bytes());
+        if value.is_none() && !self.open() {
+            return Err(Status::unauthenticated(format!(
+                "missing the `{name}` header with the gateway's token"
+            )));
+        }
+        let bearer = value.map(|value| {
+            if value.starts_with(b"Bearer ") || value.starts_with(b"bearer ") {
+                value.to_vec()
+            } else {
+                [b"Bearer ".as_slice(), value].concat()
+            }
+        });
+        self.check(bearer.as_deref(), "header", role)
+    }
+
     /// Checks the `authorization` value, from metadata or a header (`carrier`, for messages).
     fn check(&self, authorization: Option<&[u8]>, carrier: &str, role: Role) -> Result<Gateway, Status> {
         if self.open() {

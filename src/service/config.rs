@@ -48,8 +48,35 @@ pub struct Config {
     pub oidc_roots: Vec<Vec<u8>>,
     /// How long connections may take and stay, and how many (docs/decisions/0013).
     pub connections: Connections,
-    /// How the ext_authz door reads a forwarded request.
+    /// How the ext_authz door reads a forwarded request (the forward-auth and ExtMCP doors read
+    /// the API-key header and the allowed methods from it too).
     pub ext_authz: ExtAuthzSettings,
+    /// How the forward-auth door reads a proxy's subrequest.
+    pub forward_auth: ForwardAuthSettings,
+}
+
+/// How the forward-auth door reads a proxy's bodyless subrequest (`--forward-auth-*`;
+/// src/service/forward_auth.rs). Header names are lower-case.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardAuthSettings {
+    /// The header the proxy sends its own gateway token in (`authorization` is the caller's).
+    pub token_header: String,
+    /// The header that names the MCP server, for a tool named without its `<server>__` prefix;
+    /// a path segment after `/forward-auth/` names it too.
+    pub server_header: String,
+    /// The header that carries an id the proxy makes per request, for idempotency; none by
+    /// default, so that no id a client chose is taken (docs/decisions/0027).
+    pub request_id_header: Option<String>,
+}
+
+impl Default for ForwardAuthSettings {
+    fn default() -> Self {
+        ForwardAuthSettings {
+            token_header: "x-capgate-gateway-token".to_owned(),
+            server_header: "x-mcp-servername".to_owned(),
+            request_id_header: None,
+        }
+    }
 }
 
 /// How the ext_authz door reads a forwarded request (`--ext-authz-*`; src/service/grpc/ext_authz.rs).
@@ -120,6 +147,7 @@ impl Config {
                 max_concurrent_streams: 256,
             },
             ext_authz: ExtAuthzSettings::default(),
+            forward_auth: ForwardAuthSettings::default(),
         }
     }
 

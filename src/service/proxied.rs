@@ -42,8 +42,10 @@ pub const DECISION_ID_HEADER: &str = "x-capgate-decision-id";
 pub const ACCOUNT_HEADER: &str = "x-capgate-account";
 
 /// The methods that pass without a decision: they read nothing a grant guards, and a proxy sees
-/// only the request, so it cannot filter a listing's response.
-const PASSING: [&str; 3] = ["initialize", "ping", "tools/list"];
+/// only the request, so it cannot filter a listing's response. `server/discover` is MCP
+/// 2026-07-28's handshake: refused, a client falls back to the older one and sends no
+/// `Mcp-Method` (gateways/peers saw the official SDK do so).
+const PASSING: [&str; 4] = ["initialize", "server/discover", "ping", "tools/list"];
 const NOTIFICATIONS: &str = "notifications/";
 pub const TOOLS_CALL: &str = "tools/call";
 

@@ -312,10 +312,18 @@ pub enum Door {
     ExtMcp,
     /// OpenID AuthZEN 1.0 over HTTP.
     Authzen,
+    /// A proxy's forward-auth subrequest (nginx `auth_request`, Caddy, Traefik, HAProxy).
+    ForwardAuth,
 }
 
 impl Door {
-    pub const ALL: [Door; 4] = [Door::Capgate, Door::ExtAuthz, Door::ExtMcp, Door::Authzen];
+    pub const ALL: [Door; 5] = [
+        Door::Capgate,
+        Door::ExtAuthz,
+        Door::ExtMcp,
+        Door::Authzen,
+        Door::ForwardAuth,
+    ];
 
     /// The column's text, which is also the serde name and the metrics' `door` label.
     pub fn as_str(self) -> &'static str {
@@ -324,6 +332,7 @@ impl Door {
             Door::ExtAuthz => "ext_authz",
             Door::ExtMcp => "ext_mcp",
             Door::Authzen => "authzen",
+            Door::ForwardAuth => "forward_auth",
         }
     }
 

@@ -218,12 +218,27 @@ pub async fn http<F, B>(route: &'static str, headers: &http::HeaderMap, call: F)
 where
     F: Future<Output = http::Response<B>>,
 {
+    http_door(route, "POST", headers, |status| status == 200, call).await
+}
+
+/// As [`http`], for a door whose every status may carry a decision (`decided` says which do):
+/// the forward-auth door answers a denial as a 403 or a 429, and it is a decision all the same.
+pub async fn http_door<F, B>(
+    route: &'static str,
+    method: &'static str,
+    headers: &http::HeaderMap,
+    decided: impl Fn(u16) -> bool,
+    call: F,
+) -> http::Response<B>
+where
+    F: Future<Output = http::Response<B>>,
+{
     let span = tracing::info_span!(
         "http",
         otel.name = route,
         otel.kind = "server",
         otel.status_code = Empty,
-        http.request.method = "POST",
+        http.request.method = method,
         http.route = route,
         http.response.status_code = Empty,
         capgate.decision_id = Empty,
@@ -246,7 +261,7 @@ where
     if status >= 500 {
         span.record("otel.status_code", "error");
     }
-    if status == 200 {
+    if decided(status) {
         for (door, outcome, code) in note.take() {
             metrics().decision(door, outcome, code);
         }

@@ -115,7 +115,24 @@ impl Doors {
             Door::ExtAuthz => self.keyed_check(call).await,
             Door::ExtMcp => self.keyed_check_request(call).await,
             Door::Authzen => self.keyed_evaluate(call).await,
+            Door::ForwardAuth => self.keyed_forward_auth(call).await,
         }
+    }
+
+    /// A proxy's forward-auth subrequest: no body, the original request's MCP headers and the
+    /// caller's key, the proxy's token in its own header and its request id in
+    /// [`FORWARD_AUTH_REQUEST_ID`].
+    async fn keyed_forward_auth(&mut self, call: KeyedCall<'_>) -> Read {
+        let mut headers = vec![
+            ("mcp-method", "tools/call"),
+            ("mcp-name", call.tool),
+            (FORWARD_AUTH_REQUEST_ID, call.request_id),
+        ];
+        if let Some(key) = call.api_key {
+            headers.push(("x-api-key", key));
+        }
+        let (status, headers, body) = self.forward_auth("/forward-auth", &headers).await;
+        read_forward_auth(status, &headers, &body)
     }
 
     async fn keyed_decide(&mut self, call: KeyedCall<'_>) -> Read {
@@ -262,6 +279,29 @@ impl Doors {
         }
     }
 
+    /// A forward-auth subrequest (`GET path`, no body) as this gateway, its token in
+    /// `x-capgate-gateway-token`: the status, the answer's headers and its body (`null` when it
+    /// is not JSON).
+    pub async fn forward_auth(&self, path: &str, headers: &[(&str, &str)]) -> (u16, hyper::HeaderMap, Value) {
+        let mut request = hyper::Request::builder()
+            .method("GET")
+            .uri(format!("http://{}{path}", self.http))
+            .header("x-capgate-gateway-token", self.token.as_str());
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request.body(Full::new(Bytes::new())).expect("a request");
+        let response = self.http_client.request(request).await.expect("an HTTP answer");
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let bytes = response.into_body().collect().await.expect("a body").to_bytes();
+        (
+            status,
+            headers,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
     /// `POST path` on the HTTP listener as this gateway, with `headers`: the status and the
     /// body (`null` when it is not JSON).
     pub async fn post(&self, path: &str, body: &Value, headers: &[(&str, &str)]) -> (u16, Value) {
@@ -320,6 +360,35 @@ pub fn read_check(response: &CheckResponse) -> Read {
             }
         }
         other => Read::Other(format!("{other:?}")),
+    }
+}
+
+/// The header a world's servers take the forward-auth door's request id from
+/// (`--forward-auth-request-id-header`).
+pub const FORWARD_AUTH_REQUEST_ID: &str = "x-capgate-request-id";
+
+/// A forward-auth answer as a proxy acts on it: a 2xx is an allow (its decision id in
+/// `x-capgate-decision-id`); anything else is the client's answer, read from its JSON-RPC body.
+pub fn read_forward_auth(status: u16, headers: &hyper::HeaderMap, body: &Value) -> Read {
+    if (200..300).contains(&status) {
+        let decision_id = headers
+            .get("x-capgate-decision-id")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
+        return Read::Allow { decision_id };
+    }
+    let data = &body["error"]["data"];
+    let code = data["code"].as_str().unwrap_or_default().to_owned();
+    let decision_id = data["decision_id"].as_str().map(str::to_owned);
+    match (status, code.as_str()) {
+        (_, "request_id_reused") => Read::ReusedId {
+            message: format!("{status}: {}", body["error"]["message"]),
+        },
+        (401, code) if !code.is_empty() => Read::Unauthenticated {
+            code: code.to_owned(),
+        },
+        (_, "") => Read::Other(format!("{status}: {body}")),
+        _ => Read::Deny { code, decision_id },
     }
 }
 

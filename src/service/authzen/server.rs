@@ -56,7 +56,12 @@ impl HttpServer {
             addrs.push(listener.local_addr().map_err(bind)?);
             listeners.push(listener);
         }
-        let router = super::router(state, tls.is_some());
+        // The forward-auth door shares the listener: one HTTP port for the proxies' doors.
+        let router = super::router(state.clone(), tls.is_some()).merge(crate::service::forward_auth::routes(
+            state,
+            config.forward_auth.clone(),
+            config.ext_authz.clone(),
+        ));
         let door = Arc::new(Accepting {
             service: TowerToHyperService::new(router),
             tls,

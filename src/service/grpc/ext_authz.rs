@@ -122,14 +122,19 @@ impl<S: Store> Authorization for ExtAuthz<S> {
         };
         let encode: Remember = {
             let rpc_id = rpc_id.clone();
-            Arc::new(move |answer: &Answer<'_>| response(answer, &rpc_id).encode_to_vec())
+            let api_key_header = self.settings.api_key_header.clone();
+            Arc::new(move |answer: &Answer<'_>| response(answer, &rpc_id, &api_key_header).encode_to_vec())
         };
         let replied = match pipeline::decide(&self.state, &active, ask, Target::Tool(&tool), &encode).await {
             Ok(replied) => replied,
             Err(refusal) => return Ok(Response::new(refused(&refusal, &rpc_id))),
         };
         match replied {
-            Replied::Fresh(answer) => Ok(Response::new(response(&answer, &rpc_id))),
+            Replied::Fresh(answer) => Ok(Response::new(response(
+                &answer,
+                &rpc_id,
+                &self.settings.api_key_header,
+            ))),
             Replied::Replayed(bytes) => CheckResponse::decode(bytes.as_slice())
                 .map(Response::new)
                 .map_err(|error| {
@@ -240,7 +245,9 @@ impl<'a> Forwarded<'a> {
                 _ => name,
             }
         };
-        let mut rpc_id = Value::Null;
+        let mut rpc_id = metadata
+            .as_ref()
+            .map_or(Value::Null, |metadata| metadata.id.clone());
         if let Some(body) = body {
             rpc_id = body.id.clone();
             if let (Some((field, said)), Some(parsed)) = (&method, &body.method) {
@@ -390,6 +397,7 @@ impl<'a> Headers<'a> {
 struct McpMetadata<'a> {
     method: Option<Cow<'a, str>>,
     name: Option<Cow<'a, str>>,
+    id: Value,
 }
 
 impl<'a> McpMetadata<'a> {
@@ -405,9 +413,17 @@ impl<'a> McpMetadata<'a> {
             Some(Kind::StructValue(params)) => params.fields.get("name").and_then(text),
             _ => None,
         });
+        // The request's JSON-RPC id, echoed in an error body when Envoy sends no body.
+        let id = match fields.fields.get("id").and_then(|id| id.kind.as_ref()) {
+            Some(Kind::StringValue(id)) => Value::from(id.as_str()),
+            // A JSON number in a protobuf `Value`; MCP's ids are integers.
+            Some(Kind::NumberValue(id)) if id.fract() == 0.0 && id.abs() < 9.0e15 => Value::from(*id as i64),
+            _ => Value::Null,
+        };
         Some(McpMetadata {
             method: fields.fields.get("method").and_then(text),
             name,
+            id,
         })
     }
 }
@@ -590,8 +606,14 @@ fn refused(refusal: &Refusal, rpc_id: &Value) -> CheckResponse {
 }
 
 /// The pipeline's answer as a `CheckResponse`.
-fn response(answer: &Answer<'_>, rpc_id: &Value) -> CheckResponse {
-    check_response(HttpAnswer::decided(answer, rpc_id))
+fn response(answer: &Answer<'_>, rpc_id: &Value, api_key_header: &str) -> CheckResponse {
+    let mut response = check_response(HttpAnswer::decided(answer, rpc_id));
+    // The caller's static key is capgate's to check, not the upstream's to see: an allowed
+    // request goes on without it (the upstream hop runs as the execution account).
+    if let Some(HttpResponse::OkResponse(ok)) = &mut response.http_response {
+        ok.headers_to_remove.push(api_key_header.to_owned());
+    }
+    response
 }
 
 /// The answer in Envoy's terms: an `OkHttpResponse` with the upstream's headers and the client's

@@ -90,7 +90,7 @@ enum Method {
 fn method(name: &str) -> Method {
     match name {
         "tools/call" => Method::Call,
-        "initialize" | "ping" | "tools/list" => Method::Harmless,
+        "initialize" | "server/discover" | "ping" | "tools/list" => Method::Harmless,
         notification if notification.starts_with("notifications/") => Method::Harmless,
         _ => Method::Other,
     }
