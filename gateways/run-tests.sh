@@ -34,7 +34,8 @@ if [ ! -x "$CAPGATE_BIN" ]; then
   exit 1
 fi
 
-# capgate's ext_authz door behind a real Envoy, from its own lock (peers/run-tests.sh).
+# capgate's ext_authz door behind a real Envoy, and its forward-auth door behind nginx, Caddy and
+# Traefik, from its own lock (peers/run-tests.sh).
 UV="$uv" timeout 600 bash "$here/peers/run-tests.sh"
 
 # One pytest run: the unit tests, then the scenarios (each gateway in turn).

@@ -69,8 +69,9 @@ ensure_component() {
 # Debian packages that a fresh Debian 12 with only rustup lacks, installed when their command is
 # missing: a C compiler and the C library's headers (the linker rustc calls, and the C parts of ring
 # and of sqlx's bundled SQLite), Python's venv and ensurepip (gateways/setup.sh, the client packaging
-# test), openssl (the compose header tests/deploy.rs runs), the CA bundle, and npm (which brings
-# Debian's Node.js; ensure_node replaces it when it is older than 20).
+# test), openssl (the compose header tests/deploy.rs runs), the CA bundle, npm (which brings
+# Debian's Node.js; ensure_node replaces it when it is older than 20), and nginx and HAProxy
+# (gateways/peers puts them in front of capgate's forward-auth door).
 ensure_system_packages() {
     local missing=()
     command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
@@ -79,6 +80,8 @@ ensure_system_packages() {
     command -v openssl >/dev/null 2>&1 || missing+=(openssl)
     [ -e /etc/ssl/certs/ca-certificates.crt ] || missing+=(ca-certificates)
     command -v npm >/dev/null 2>&1 || missing+=(npm)
+    command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
+    command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
     if [ "${#missing[@]}" -eq 0 ]; then
         return
     fi

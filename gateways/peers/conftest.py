@@ -1,8 +1,12 @@
-"""The suite's world: a `capgate serve`, two real MCP upstreams and Envoy 1.40 between them.
+"""The suite's worlds: a `capgate serve`, two real MCP upstreams and a real proxy between them.
 
 `world` is one capgate per store (SQLite always; PostgreSQL too when `DATABASE_URL` names a
 server, on a database made for the run) with an Envoy configured from docs/gateways/envoy.md in
-front of it. Every child is stopped by the fixture that started it, whatever the tests did.
+front of it. `fronted` is one capgate per forward-auth proxy (nginx, Caddy, Traefik: proxies.py),
+with that proxy configured from its page in front of the probe, on one store (PostgreSQL when
+there is one, as a deployment runs; what the store does is the pipeline's, which the Envoy
+worlds run on both). Every child is stopped by the fixture that started it, whatever the tests
+did.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import secrets
 import shutil
 import sqlite3
@@ -27,8 +32,10 @@ import httpx2
 import pytest
 import yaml
 
-from envoy_config import REPO, Upstream, Variant, bootstrap
+from envoy_config import Upstream, Variant, bootstrap
+from pages import REPO
 from processes import Child, free_port
+from proxies import PROXIES, Proxy, Running, Site
 
 PEERS = Path(__file__).resolve().parent
 SERVER_EVERYTHING = (REPO / "gateways" / "conformance" / "node_modules" / "@modelcontextprotocol"
@@ -50,7 +57,10 @@ class Figures:
     failed: int = 0
     audited: dict[str, int] = field(default_factory=dict)
     """Audit rows, by door."""
-    envoy_version: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+    """Each proxy's version, by name, as it reports it."""
+    door_answered: dict[str, int] = field(default_factory=dict)
+    """Checks each forward-auth proxy sent to capgate and got answered, by proxy."""
 
 
 FIGURES = Figures()
@@ -62,7 +72,8 @@ def capgate_bin() -> Path:
 
 def policy(everything: Upstream, probe: Upstream) -> str:
     """server-everything's `echo` granted, `get-sum` granted under a ceiling, `get-env` to nobody;
-    the probe's `headers` granted. One caller: an API key (`x-api-key`)."""
+    the probe's `headers` granted, `limited` under the same ceiling, `erase` to nobody. One
+    caller: an API key (`x-api-key`)."""
     calls, per = CEILING
     return f"""version: 1
 capabilities:
@@ -70,6 +81,8 @@ capabilities:
   - id: everything.sum
   - id: everything.env
   - id: probe.headers
+  - id: probe.limited
+  - id: probe.erase
 upstreams:
   - id: {everything.id}
     transport: {{ kind: mcp-http, url: "http://{everything.host}:{everything.port}{everything.path}" }}
@@ -81,6 +94,8 @@ upstreams:
     transport: {{ kind: mcp-http, url: "http://{probe.host}:{probe.port}{probe.path}" }}
     tools:
       - {{ name: headers, capability: probe.headers }}
+      - {{ name: limited, capability: probe.limited }}
+      - {{ name: erase, capability: probe.erase }}
 accounts:
   - id: {ACCOUNT}
     secret: {{ ref: "env://PEERS_ACCOUNT_SECRET" }}
@@ -96,6 +111,10 @@ grants:
     using: {ACCOUNT}
   - to: {{ issuer: keys }}          # /grants/1
     capabilities: [everything.sum]
+    using: {ACCOUNT}
+    limits: {{ calls: {calls}, per: {per} }}
+  - to: {{ issuer: keys }}          # /grants/2
+    capabilities: [probe.limited]
     using: {ACCOUNT}
     limits: {{ calls: {calls}, per: {per} }}
 """
@@ -150,6 +169,22 @@ class Capgate:
     child: Child
     port: int
     database: Database
+    http: str | None = None
+    """`host:port` of its HTTP listener (`--http-listen`: AuthZEN and the forward-auth door)."""
+    metrics: str | None = None
+    """`host:port` of its Prometheus endpoint (`--metrics-listen`)."""
+
+    def door_answers(self) -> dict[int, int]:
+        """The forward-auth door's answers so far, by HTTP status: every check a proxy sent and
+        was answered, decided or not (capgate_http_duration_seconds, route `forward-auth`)."""
+        assert self.metrics is not None, "capgate was started without --metrics-listen"
+        text = httpx2.get(f"http://{self.metrics}/metrics", timeout=10).text
+        counts: dict[int, int] = {}
+        for labels, value in re.findall(r'^capgate_http_duration_seconds_count\{([^}]*)\} (\S+)$', text, re.MULTILINE):
+            if 'http_route="forward-auth"' in labels:
+                status = int(re.search(r'http_response_status_code="(\d+)"', labels).group(1))
+                counts[status] = counts.get(status, 0) + int(float(value))
+        return dict(sorted(counts.items()))
 
     def audit(self) -> list[dict[str, Any]]:
         out = subprocess.run(
@@ -165,16 +200,21 @@ class Capgate:
 
 
 def start_capgate(stack: ExitStack, directory: Path, label: str, database: Database, policy_file: Path,
-                  secrets_env: dict[str, str], extra: tuple[str, ...] = ()) -> Capgate:
-    """`capgate serve` as docs/gateways/envoy.md starts it, on loopback and this run's store."""
+                  secrets_env: dict[str, str], flags: tuple[str, ...]) -> Capgate:
+    """`capgate serve` on loopback and this run's store, with `flags`: the gateway's token, and
+    the HTTP and metrics listeners where the forward-auth door needs them (their addresses are
+    read from what capgate prints)."""
     args = [str(capgate_bin()), "serve", "--listen", "127.0.0.1:0", "--log-format", "json",
-            "--database-url", database.url, "--policy", str(policy_file),
-            "--gateway-token", "envoy=env://CAPGATE_GATEWAY_TOKEN", *extra]
+            "--database-url", database.url, "--policy", str(policy_file), *flags]
     child = Child(f"capgate ({label})", args, log=directory / "capgate.log", cwd=directory,
                   env={**os.environ, **secrets_env, "CAPGATE_LOG": "info"})
     stack.callback(child.stop)
     port = int(child.wait_for(r'"message":"capgate serving","addresses":"127\.0\.0\.1:(\d+)').group(1))
     found = Capgate(child, port, database)
+    if "--http-listen" in flags:
+        found.http = child.wait_for(r'"message":"serving AuthZEN","addresses":"(127\.0\.0\.1:\d+)"').group(1)
+    if "--metrics-listen" in flags:
+        found.metrics = child.wait_for(r'"message":"serving Prometheus metrics at /metrics","address":"([^"]+)"').group(1)
     stack.callback(_keep_audit_figures, found, label)
     return found
 
@@ -245,7 +285,7 @@ def start_envoy(stack: ExitStack, directory: Path, capgate: Capgate, gateway_tok
     listeners = httpx2.get(f"http://{admin}/listeners", params={"format": "json"}, timeout=10).json()
     port = listeners["listener_statuses"][0]["local_address"]["socket_address"]["port_value"]
     found = Envoy(variant.name, child, admin, port)
-    FIGURES.envoy_version = FIGURES.envoy_version or found.version()
+    FIGURES.versions.setdefault("Envoy", found.version())
     # Read while Envoy still runs: this callback runs before `child.stop`.
     stack.callback(_keep_figures, found)
     return found
@@ -302,6 +342,14 @@ def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstreams]:
 
 
 @dataclass
+class Secrets:
+    """A run's caller key and gateway token, each made for it."""
+
+    api_key: str = field(default_factory=lambda: f"peers-key-{secrets.token_hex(12)}", repr=False)
+    gateway_token: str = field(default_factory=lambda: f"peers-gateway-{secrets.token_hex(12)}", repr=False)
+
+
+@dataclass
 class World:
     """One capgate and the Envoy the doc configures in front of it."""
 
@@ -311,36 +359,42 @@ class World:
     capgate: Capgate
     envoy: Envoy
     upstreams: Upstreams
-    api_key: str = field(repr=False)
-    gateway_token: str = field(repr=False)
+    keys: Secrets = field(repr=False)
     stack: ExitStack = field(repr=False)
 
     def caller(self) -> dict[str, str]:
-        return {"x-api-key": self.api_key}
+        return {"x-api-key": self.keys.api_key}
 
     def another_envoy(self, variant: Variant) -> Envoy:
         """An Envoy with `variant`'s changes, in front of this world's capgate, stopped with it."""
         variant = dataclasses.replace(variant, name=f"{variant.name}-{self.label}")
-        return start_envoy(self.stack, self.directory / variant.name, self.capgate, self.gateway_token,
+        return start_envoy(self.stack, self.directory / variant.name, self.capgate, self.keys.gateway_token,
                            self.upstreams.all, variant)
 
 
-def make_world(stack: ExitStack, directory: Path, label: str, store: str, upstreams: Upstreams,
-               capgate_flags: tuple[str, ...] = ()) -> World:
+def capgate_for_run(stack: ExitStack, directory: Path, label: str, store: str, upstreams: Upstreams,
+                    keys: Secrets, flags: tuple[str, ...]) -> Capgate:
+    """A capgate on a fresh store of kind `store`, with the suite's policy and `flags`."""
     if not capgate_bin().exists():
         pytest.fail(f"no capgate binary at {capgate_bin()} (build it, or set CAPGATE_BIN)")
-    api_key = f"peers-key-{secrets.token_hex(12)}"
-    gateway_token = f"peers-gateway-{secrets.token_hex(12)}"
     database = Database.fresh(store, directory)
     stack.callback(database.drop)
     policy_file = directory / "policy.yaml"
     policy_file.write_text(policy(upstreams.everything, upstreams.probe), encoding="utf-8")
-    capgate = start_capgate(stack, directory, label, database, policy_file, {
-        "CAPGATE_GATEWAY_TOKEN": gateway_token, API_KEY_VARIABLE: api_key,
+    return start_capgate(stack, directory, label, database, policy_file, {
+        "CAPGATE_GATEWAY_TOKEN": keys.gateway_token, API_KEY_VARIABLE: keys.api_key,
         "PEERS_ACCOUNT_SECRET": secrets.token_hex(12),
-    }, capgate_flags)
-    found = start_envoy(stack, directory / "envoy", capgate, gateway_token, upstreams.all, Variant(f"doc-{label}"))
-    return World(directory, label, store, capgate, found, upstreams, api_key, gateway_token, stack)
+    }, flags)
+
+
+def make_world(stack: ExitStack, directory: Path, label: str, store: str, upstreams: Upstreams,
+               capgate_flags: tuple[str, ...] = ()) -> World:
+    keys = Secrets()
+    capgate = capgate_for_run(stack, directory, label, store, upstreams, keys,
+                              ("--gateway-token", "envoy=env://CAPGATE_GATEWAY_TOKEN", *capgate_flags))
+    found = start_envoy(stack, directory / "envoy", capgate, keys.gateway_token, upstreams.all,
+                        Variant(f"doc-{label}"))
+    return World(directory, label, store, capgate, found, upstreams, keys, stack)
 
 
 @pytest.fixture(scope="session", params=STORES)
@@ -363,13 +417,98 @@ def own_world(request: pytest.FixtureRequest, world: World, tmp_path: Path) -> I
         yield make
 
 
+# ── the forward-auth proxies ────────────────────────────────────────────────
+
+FORWARD_AUTH_STORE = STORES[-1]
+
+
+@dataclass
+class Fronted:
+    """One capgate, with the door's flags from the proxy's page, and that proxy in front of the
+    probe, configured from its page."""
+
+    proxy: Proxy
+    directory: Path
+    label: str
+    capgate: Capgate
+    front: Running
+    """The proxy in front of the probe."""
+    upstreams: Upstreams
+    keys: Secrets = field(repr=False)
+    stack: ExitStack = field(repr=False)
+
+    @property
+    def url(self) -> str:
+        return self.front.url
+
+    def caller(self) -> dict[str, str]:
+        return {"x-api-key": self.keys.api_key}
+
+    def in_front_of(self, upstream: Upstream) -> Running:
+        """Another proxy from the same page, in front of `upstream`, stopped with this one."""
+        return start_proxy(self.stack, self.directory / f"{self.proxy.name}-{upstream.id}", self.proxy,
+                           self.capgate, upstream, self.keys, f"{self.label}-{upstream.id}")
+
+
+def start_proxy(stack: ExitStack, directory: Path, proxy: Proxy, capgate: Capgate, upstream: Upstream, keys: Secrets,
+                label: str) -> Running:
+    assert capgate.http is not None
+    site = Site(port=free_port(), capgate=capgate.http, upstream=upstream, gateway_token=keys.gateway_token,
+                admin_port=free_port())
+    running = proxy.start(stack, directory, site, label)
+    FIGURES.versions.setdefault(proxy.name, proxy.version())
+    return running
+
+
+def make_fronted(stack: ExitStack, directory: Path, proxy: Proxy, label: str, upstreams: Upstreams) -> Fronted:
+    keys = Secrets()
+    flags = ("--http-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", *proxy.door_flags())
+    capgate = capgate_for_run(stack, directory, label, FORWARD_AUTH_STORE, upstreams, keys, flags)
+    # Read while capgate still runs: this callback runs before capgate's `child.stop`.
+    stack.callback(_keep_door_figures, capgate, proxy.name, label)
+    front = start_proxy(stack, directory / proxy.name, proxy, capgate, upstreams.probe, keys, label)
+    return Fronted(proxy, directory, label, capgate, front, upstreams, keys, stack)
+
+
+def _keep_door_figures(capgate: Capgate, proxy: str, label: str) -> None:
+    try:
+        answers = capgate.door_answers()
+    except (httpx2.HTTPError, ValueError) as error:
+        FIGURES.lines.append(f"{label}: capgate's door counts could not be read ({error})")
+        return
+    FIGURES.door_answered[proxy] = FIGURES.door_answered.get(proxy, 0) + sum(answers.values())
+    FIGURES.lines.append(f"{label}: {sum(answers.values())} checks answered by capgate's forward-auth door, "
+                         f"by status {answers}")
+
+
+@pytest.fixture(scope="session", params=sorted(PROXIES))
+def fronted(request: pytest.FixtureRequest, upstreams: Upstreams,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fronted]:
+    with ExitStack() as stack:
+        yield make_fronted(stack, tmp_path_factory.mktemp(f"fronted-{request.param}"), PROXIES[request.param],
+                           f"{request.param}-{FORWARD_AUTH_STORE}", upstreams)
+
+
+@pytest.fixture
+def own_fronted(request: pytest.FixtureRequest, fronted: Fronted, tmp_path: Path) -> Iterator[Callable[[], Fronted]]:
+    """Makes a capgate and proxy of the test's own (for what spoils the store), of `fronted`'s
+    proxy; stopped when the test ends."""
+    with ExitStack() as stack:
+        def make() -> Fronted:
+            name = request.node.originalname.removeprefix("test_")
+            return make_fronted(stack, tmp_path, fronted.proxy, f"{fronted.label}-{name}", fronted.upstreams)
+        yield make
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not FIGURES.lines:
         return
-    terminalreporter.section("capgate's ext_authz door, driven by Envoy and the official MCP SDK")
-    terminalreporter.write_line(f"Envoy {FIGURES.envoy_version}")
+    terminalreporter.section("capgate's doors, driven by real proxies and the official MCP SDK")
+    terminalreporter.write_line("; ".join(f"{name} {version}" for name, version in FIGURES.versions.items()))
     for line in FIGURES.lines:
         terminalreporter.write_line(line)
-    terminalreporter.write_line(
-        f"in all: {FIGURES.answered} checks answered to Envoy, {FIGURES.failed} failed; "
-        f"audit rows by door {FIGURES.audited}")
+    if FIGURES.answered or FIGURES.failed:
+        terminalreporter.write_line(f"in all: {FIGURES.answered} checks answered to Envoy, {FIGURES.failed} failed")
+    for proxy, answered in sorted(FIGURES.door_answered.items()):
+        terminalreporter.write_line(f"in all: {answered} checks answered to {proxy}")
+    terminalreporter.write_line(f"audit rows by door {FIGURES.audited}")

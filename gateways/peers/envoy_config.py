@@ -13,15 +13,14 @@ A variant (`Variant`) says what it changes on top, and why, next to the test tha
 from __future__ import annotations
 
 import copy
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-DOC = REPO / "docs" / "gateways" / "envoy.md"
+from pages import one_block, page, replace
+
+DOC = page("envoy.md")
 TOKEN_PLACEHOLDER = "${CAPGATE_GATEWAY_TOKEN}"
 # The doc's example upstream, which each real upstream replaces.
 DOC_UPSTREAM = "payments"
@@ -37,16 +36,9 @@ ACCESS_LOG_FORMAT = {
 }
 
 
-def doc_yaml_blocks(text: str) -> list[str]:
-    return re.findall(r"^```yaml\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
-
-
 def doc_bootstrap_text() -> str:
     """The doc's Envoy configuration, exactly as written there."""
-    blocks = [block for block in doc_yaml_blocks(DOC.read_text(encoding="utf-8")) if "static_resources:" in block]
-    if len(blocks) != 1:
-        raise AssertionError(f"{DOC} should hold one yaml block with `static_resources`, found {len(blocks)}")
-    return blocks[0]
+    return one_block(DOC, "yaml", "static_resources:")
 
 
 @dataclass(frozen=True)
@@ -108,10 +100,7 @@ def _static_cluster(name: str, host: str, port: int) -> dict[str, Any]:
 
 
 def bootstrap(*, gateway_token: str, capgate_port: int, upstreams: list[Upstream], variant: Variant = Variant()) -> dict[str, Any]:
-    text = doc_bootstrap_text()
-    if text.count(TOKEN_PLACEHOLDER) != 1:
-        raise AssertionError(f"the doc's Envoy configuration should name {TOKEN_PLACEHOLDER} once")
-    config = yaml.safe_load(text.replace(TOKEN_PLACEHOLDER, gateway_token))
+    config = yaml.safe_load(replace(doc_bootstrap_text(), TOKEN_PLACEHOLDER, gateway_token, count=1, where=str(DOC)))
 
     listener = _single(config["static_resources"]["listeners"], "listener", name="mcp")
     listener["address"]["socket_address"].update(address="127.0.0.1", port_value=0)

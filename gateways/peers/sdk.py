@@ -17,10 +17,13 @@ from typing import Any, TypeVar
 
 import anyio
 import httpx2
-from mcp import Client
+from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 
 T = TypeVar("T")
+# What to expect in the `id` of a proxy's JSON-RPC error: the request's own id (a door that read
+# the body), or null (a door that did not).
+OWN_ID = object()
 # One scenario's bound: its sessions, calls and answers together.
 SCENARIO_TIMEOUT = 60.0
 
@@ -34,6 +37,8 @@ class Exchange:
     headers: httpx2.Headers
     body: Any
     """The parsed body of an answer of 400 or more (JSON), else None."""
+    sent_headers: httpx2.Headers
+    """The request's headers, as the SDK sent them."""
 
     @property
     def rpc_method(self) -> str | None:
@@ -52,7 +57,7 @@ class Exchanges:
             # An error answer is small and complete; the SDK reads it again from the cache.
             await response.aread()
             body = json.loads(response.content) if response.content else None
-        self.all.append(Exchange(request.method, sent, response.status_code, response.headers, body))
+        self.all.append(Exchange(request.method, sent, response.status_code, response.headers, body, request.headers))
 
     def of(self, rpc_method: str, tool: str | None = None) -> list[Exchange]:
         return [e for e in self.all if e.rpc_method == rpc_method
@@ -65,9 +70,11 @@ class Exchanges:
 
 
 @asynccontextmanager
-async def connect(url: str, headers: dict[str, str], *, mode: str = "auto") -> AsyncIterator[tuple[Client, Exchanges]]:
-    """An SDK client session with `url`, sending `headers` on every request."""
-    exchanges = Exchanges()
+async def connect(url: str, headers: dict[str, str], *, mode: str = "auto",
+                  exchanges: Exchanges | None = None) -> AsyncIterator[tuple[Client, Exchanges]]:
+    """An SDK client session with `url`, sending `headers` on every request, its exchanges kept
+    in `exchanges` (given, to read them when the session fails to open)."""
+    exchanges = Exchanges() if exchanges is None else exchanges
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(20.0),
                                   event_hooks={"response": [exchanges.record]}) as http:
         async with Client(streamable_http_client(url, http_client=http), mode=mode, cache=None) as client:
@@ -80,3 +87,25 @@ def run(scenario: Callable[[], Awaitable[T]]) -> T:
         with anyio.fail_after(SCENARIO_TIMEOUT):
             return await scenario()
     return anyio.run(bounded)
+
+
+def denial(error: MCPError, code: str) -> dict[str, Any]:
+    """The SDK's error for a capgate denial: -32001 with capgate's reason code in `data`."""
+    assert error.error.code == -32001, error.error
+    assert isinstance(error.error.data, dict) and error.error.data["code"] == code, error.error
+    return error.error.data
+
+
+def answered(exchange: Exchange, status: int, rpc_id: Any = OWN_ID) -> dict[str, Any]:
+    """The HTTP answer the proxy gave: `status`, and a JSON-RPC error whose `id` is `rpc_id` (by
+    default the request's own); its `error`."""
+    assert exchange.status == status, exchange
+    assert exchange.headers["content-type"].startswith("application/json"), exchange.headers
+    expected = exchange.request["id"] if rpc_id is OWN_ID else rpc_id
+    assert exchange.body["jsonrpc"] == "2.0" and exchange.body["id"] == expected, exchange.body
+    return exchange.body["error"]
+
+
+def probe_headers(result: Any) -> dict[str, str]:
+    """The headers the probe (echo_upstream.py) says its request carried."""
+    return json.loads(result.content[0].text)

@@ -8,7 +8,6 @@ as the SDK's caller receives it, and as the HTTP answer Envoy gave (sdk.Exchange
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -18,29 +17,10 @@ from mcp import MCPError
 
 from conftest import ACCOUNT, CEILING, World
 from envoy_config import Variant
-from sdk import Exchange, connect, run
+from sdk import answered, connect, denial, probe_headers, run
 
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 MODERN = "2026-07-28"
-
-
-def denial(error: MCPError, code: str) -> dict[str, Any]:
-    """The SDK's error for a capgate denial: -32001 with capgate's reason code in `data`."""
-    assert error.error.code == -32001, error.error
-    assert isinstance(error.error.data, dict) and error.error.data["code"] == code, error.error
-    return error.error.data
-
-
-def answered_with_own_id(exchange: Exchange, status: int) -> dict[str, Any]:
-    """The HTTP answer Envoy gave: `status`, a JSON-RPC error whose id is the request's own."""
-    assert exchange.status == status, exchange
-    assert exchange.headers["content-type"].startswith("application/json"), exchange.headers
-    assert exchange.body["jsonrpc"] == "2.0" and exchange.body["id"] == exchange.request["id"], exchange.body
-    return exchange.body["error"]
-
-
-def probe_headers(result: Any) -> dict[str, str]:
-    return json.loads(result.content[0].text)
 
 
 def test_the_envoy_is_the_one_the_doc_was_checked_against(world: World) -> None:
@@ -110,7 +90,7 @@ def test_a_tool_without_a_grant_is_no_grant_matches(world: World) -> None:
 
     error, seen = run(scenario)
     data = denial(error, "no_grant_matches")
-    body = answered_with_own_id(seen.one("tools/call", "get-env"), 403)
+    body = answered(seen.one("tools/call", "get-env"), 403)
     assert body["data"] == data
     record = world.capgate.record(data["decision_id"])
     assert (record["outcome"], record["code"], record["tool"], record["door"]) == (
@@ -134,7 +114,7 @@ def test_a_spent_ceiling_is_429_with_retry_after(world: World) -> None:
     assert [e.headers["ratelimit"].split(";")[1] for e in allowed] == [f"r={calls - n - 1}" for n in range(calls)]
     data = denial(error, "limit_exhausted")
     refused = seen.of("tools/call", "get-sum")[calls]
-    body = answered_with_own_id(refused, 429)
+    body = answered(refused, 429)
     assert body["data"]["code"] == "limit_exhausted"
     assert refused.headers["retry-after"] == "3600"
     assert world.capgate.record(data["decision_id"])["door"] == "ext_authz"
@@ -156,7 +136,7 @@ def test_an_unknown_usage_is_503_usage_unknown(own_world: Callable[..., World]) 
     error, echoed, seen = run(scenario)
     data = denial(error, "usage_unknown")
     refused = seen.one("tools/call", "get-sum")
-    assert answered_with_own_id(refused, 503)["data"]["code"] == "usage_unknown"
+    assert answered(refused, 503)["data"]["code"] == "usage_unknown"
     assert refused.headers["retry-after"] == "1"
     # A grant without a ceiling reads no counter.
     assert echoed.content[0].text == "Echo: uncapped"
@@ -180,7 +160,7 @@ def test_a_caller_without_a_valid_key_is_401(world: World, key: str | None, chal
     code = "credential_missing" if key is None else "credential_invalid"
     data = denial(error, code)
     refused = seen.one("tools/call", "echo")
-    assert answered_with_own_id(refused, 401)["data"]["code"] == code
+    assert answered(refused, 401)["data"]["code"] == code
     assert re.match(challenge, refused.headers["www-authenticate"]), refused.headers
     record = world.capgate.record(data["decision_id"])
     assert (record["outcome"], record["door"]) == ("unauthenticated", "ext_authz")
@@ -189,41 +169,9 @@ def test_a_caller_without_a_valid_key_is_401(world: World, key: str | None, chal
 # ── where the tool and the request id come from ────────────────────────────
 
 
-def test_the_sdk_on_2026_07_28_sends_mcp_method_and_mcp_name(world: World) -> None:
-    # Pinned to 2026-07-28 (mode="auto" would probe `server/discover`, which the door refuses, and
-    # fall back to the handshake: see the next test).
-    async def scenario() -> Any:
-        async with connect(world.envoy.url("probe"), world.caller(), mode=MODERN) as (client, seen):
-            return client.session.protocol_version, await client.call_tool("headers", {}), seen
-
-    version, result, seen = run(scenario)
-    assert version == MODERN
-    received = probe_headers(result)
-    assert (received["mcp-method"], received["mcp-name"]) == ("tools/call", "headers")
-    assert received["x-capgate-account"] == ACCOUNT
-    assert seen.one("tools/call").status == 200
-
-
-def test_auto_mode_falls_back_to_the_handshake_since_server_discover_is_refused(world: World) -> None:
-    async def scenario() -> Any:
-        async with connect(world.envoy.url("probe"), world.caller()) as (client, seen):
-            return client.session.protocol_version, await client.call_tool("headers", {}), seen
-
-    version, result, seen = run(scenario)
-    discover = seen.one("server/discover")
-    assert answered_with_own_id(discover, 403)["code"] == -32001
-    assert version == "2025-11-25"
-    # On the handshake protocol the SDK sends no Mcp-Method: the tool came from the MCP
-    # filter's metadata or the body.
-    received = probe_headers(result)
-    assert "mcp-method" not in received and received["x-capgate-account"] == ACCOUNT
-
-
-def test_with_server_discover_let_through_auto_mode_keeps_2026_07_28(own_world: Callable[..., World]) -> None:
-    # The flag the doc gives for other methods lets the 2026-07-28 probe through, and the SDK then
-    # sends Mcp-Method/Mcp-Name on its own.
-    world = own_world("--ext-authz-allow-method", "server/discover")
-
+def test_auto_mode_keeps_2026_07_28_and_sends_mcp_method_and_mcp_name(world: World) -> None:
+    # `server/discover`, MCP 2026-07-28's handshake, passes the door: the SDK's mode="auto" probe
+    # succeeds, and the SDK names the method and the tool in headers of its own.
     async def scenario() -> Any:
         async with connect(world.envoy.url("probe"), world.caller()) as (client, seen):
             return client.session.protocol_version, await client.call_tool("headers", {}), seen
@@ -233,6 +181,21 @@ def test_with_server_discover_let_through_auto_mode_keeps_2026_07_28(own_world: 
     assert version == MODERN
     received = probe_headers(result)
     assert (received["mcp-method"], received["mcp-name"]) == ("tools/call", "headers")
+    assert received["x-capgate-account"] == ACCOUNT
+    assert world.capgate.record(received["x-capgate-decision-id"])["door"] == "ext_authz"
+
+
+def test_a_client_on_the_handshake_protocol_is_decided_from_the_body(world: World) -> None:
+    # On the handshake protocol (mode="legacy") the SDK sends no Mcp-Method: the tool came from the
+    # MCP filter's metadata or the body.
+    async def scenario() -> Any:
+        async with connect(world.envoy.url("probe"), world.caller(), mode="legacy") as (client, _):
+            return client.session.protocol_version, await client.call_tool("headers", {})
+
+    version, result = run(scenario)
+    assert version == "2025-11-25"
+    received = probe_headers(result)
+    assert "mcp-method" not in received and received["x-capgate-account"] == ACCOUNT
     assert world.capgate.record(received["x-capgate-decision-id"])["door"] == "ext_authz"
 
 
