@@ -794,18 +794,68 @@ fn build_stage(
     }
 }
 
-/// The repository files the compiler read to build `capgate`: the dep-info file cargo writes next
-/// to the binary, less what is outside the repository (the registry) or generated into target/.
+/// The repository files the compiler read to build `capgate`: its binary's root, `src/main.rs`
+/// (which declares no module of its own), and what the dep-info files rustc writes into
+/// target/debug/deps list for the libraries that go into it (`capgate`, `capgate-core`), less what
+/// is outside the repository (the registry) or generated into target/. Only a library build names
+/// an `.rlib`: a unit-test build of the same crate also reads its `#[cfg(test)]` fixtures, which the
+/// release binary never does. Cargo's own summary next to the binary (`capgate.d`) is written only
+/// when the binary is built for itself, never when it is built for the tests, so a fresh checkout
+/// running only the suite has none.
 fn files_the_binary_was_built_from() -> Vec<String> {
-    let dep_info = Path::new(BIN).with_extension("d");
-    let text = std::fs::read_to_string(&dep_info)
-        .unwrap_or_else(|error| panic!("cannot read cargo's dep-info {}: {error}", dep_info.display()));
+    let deps = Path::new(BIN).with_file_name("deps");
     let target_dir = Path::new(BIN).parent().and_then(Path::parent).unwrap();
+    let entries =
+        std::fs::read_dir(&deps).unwrap_or_else(|error| panic!("cannot list {}: {error}", deps.display()));
+    let mut paths = Vec::new();
+    let mut read_any = false;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(stem) = name.strip_suffix(".d") else {
+            continue;
+        };
+        let crate_name = stem
+            .rsplit_once('-')
+            .map_or(stem, |(crate_name, _hash)| crate_name);
+        if crate_name != "capgate" && crate_name != "capgate_core" {
+            continue;
+        }
+        let text = std::fs::read_to_string(entry.path())
+            .unwrap_or_else(|error| panic!("cannot read dep-info {}: {error}", entry.path().display()));
+        if !text.lines().any(|line| line.contains(".rlib:")) {
+            continue;
+        }
+        read_any = true;
+        paths.extend(dep_info_inputs(&text));
+    }
+    assert!(
+        read_any,
+        "no library dep-info of capgate or capgate-core in {}",
+        deps.display()
+    );
+    paths.push(repository().join("src/main.rs").to_string_lossy().into_owned());
+    paths.sort();
+    paths.dedup();
+    paths
+        .into_iter()
+        // rustc lists a workspace member's own files relative to the workspace root.
+        .map(|path| repository().join(path))
+        .filter(|path| !path.starts_with(target_dir))
+        .filter_map(|path| {
+            path.strip_prefix(repository())
+                .ok()
+                .map(|relative| relative.to_string_lossy().into_owned())
+        })
+        .collect()
+}
+
+/// The inputs a dep-info file lists for its first target (`target: input input …`); a space inside
+/// a path is escaped with a backslash.
+fn dep_info_inputs(text: &str) -> Vec<String> {
     let first = text.lines().next().unwrap_or_default();
-    let (_, dependencies) = first
-        .split_once(": ")
-        .unwrap_or_else(|| panic!("{}: no `target: …` line", dep_info.display()));
-    // Paths are separated by spaces; a space inside one is escaped.
+    let Some((_, dependencies)) = first.split_once(": ") else {
+        return Vec::new();
+    };
     let mut paths = Vec::new();
     let mut current = String::new();
     let mut characters = dependencies.chars();
@@ -817,17 +867,8 @@ fn files_the_binary_was_built_from() -> Vec<String> {
         }
     }
     paths.push(current);
+    paths.retain(|path| !path.is_empty());
     paths
-        .into_iter()
-        .filter(|path| !path.is_empty())
-        .map(PathBuf::from)
-        .filter(|path| !path.starts_with(target_dir))
-        .filter_map(|path| {
-            path.strip_prefix(repository())
-                .ok()
-                .map(|relative| relative.to_string_lossy().into_owned())
-        })
-        .collect()
 }
 
 /// What build.rs says it reads (`cargo:rerun-if-changed=PATH`).
