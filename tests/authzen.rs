@@ -17,6 +17,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use support::client::{ana, dee, example_with_ceiling, principal, summary, CATALOG};
+use support::doors::http_addr;
 use support::oidc::{KeyType, OidcProvider, AUDIENCE};
 use support::otlp::{http_get, metrics_addr, prometheus_value};
 use support::postgres::TestDatabase;
@@ -186,17 +187,6 @@ impl World {
             .find(|record| record.decision_id == decision_id)
             .unwrap_or_else(|| panic!("no audit record {decision_id}"))
     }
-}
-
-/// The address `--http-listen` resolved to, from the start-up log line.
-fn http_addr(serve: &Serve) -> SocketAddr {
-    serve
-        .logs()
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .find(|line| line["fields"]["message"] == "serving AuthZEN")
-        .and_then(|line| line["fields"]["addresses"].as_str()?.parse().ok())
-        .unwrap_or_else(|| panic!("no AuthZEN address logged:\n{}", serve.logs()))
 }
 
 /// An asserted AuthZEN subject from a proto principal (as the example's tests name them).

@@ -485,6 +485,24 @@ fn explain_an_unmapped_or_unknown_tool_has_no_decision() {
 }
 
 #[test]
+fn explain_an_unknown_tool_suggests_the_mapped_one_it_most_likely_meant() {
+    let run = explain("--issuer staff --subject ana --tool helpdesk__get_tiket --json");
+    assert_eq!(run.code, 0);
+    let json = run.json();
+    assert_eq!(json["unknown_tool"], true);
+    assert_eq!(json["suggestion"], "helpdesk__get_ticket");
+    let human = explain("--issuer staff --subject ana --tool helpdesk__get_tiket");
+    assert!(
+        human.stdout.contains("did you mean `helpdesk__get_ticket`?"),
+        "{}",
+        human.stdout
+    );
+    // Nothing close: no suggestion, and the member is absent.
+    let run = explain("--issuer staff --subject ana --tool nothing__here --json");
+    assert!(run.json().get("suggestion").is_none(), "{}", run.stdout);
+}
+
+#[test]
 fn explain_issuer_unknown() {
     let run = explain("--issuer partners --subject ana --attr x=1 --tool helpdesk__get_ticket --json");
     assert_eq!(run.code, 0);

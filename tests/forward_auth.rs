@@ -313,6 +313,7 @@ async fn methods_fail_closed_and_bad_subrequests_are_refused_naming_the_header()
         vec![("mcp-method", "notifications/initialized")],
         vec![("x-forwarded-method", "DELETE")],
         vec![("x-original-method", "GET")],
+        vec![("x-forwarded-method", "GET"), ("x-original-method", "get")],
     ] {
         let seen = ask(doors, "/forward-auth", &headers).await;
         assert_eq!(seen.status, 200, "{headers:?}: {seen:?}");
@@ -330,6 +331,17 @@ async fn methods_fail_closed_and_bad_subrequests_are_refused_naming_the_header()
             "--ext-authz-allow-method",
         ),
         (vec![("x-original-method", "POST")], 403, "Mcp-Method"),
+        // The proxy says `POST` in one header; the client's own says `GET` in the other.
+        (
+            vec![("x-forwarded-method", "GET"), ("x-original-method", "POST")],
+            400,
+            "the original method is unclear",
+        ),
+        (
+            vec![("x-forwarded-method", "POST"), ("x-original-method", "get")],
+            400,
+            "`x-original-method` says `get`",
+        ),
         // A proxy that does not say what the original request was.
         (vec![], 403, "Mcp-Method"),
         (vec![("mcp-method", "tools/call")], 400, "mcp-name"),

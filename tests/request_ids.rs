@@ -217,9 +217,19 @@ async fn a_request_id_answers_only_its_own_request(door: Door, later: usize) {
     let original = first.keyed(door, call(alpha, "alpha", READ, id, 1_000)).await;
     assert!(original.is_allow(), "the original is allowed: {original:?}");
 
-    // A genuine retry: the very same request, answered as the first time.
+    // A genuine retry: the very same request, answered as the first time — except through
+    // forward-auth, where the proxy forwards the request on every allow: an allow given twice would
+    // run the call twice on one count, so it is refused (docs/decisions/0029 §5).
     let retry = then.keyed(door, call(alpha, "alpha", READ, id, 1_000)).await;
-    assert_eq!(retry, original, "a retry gets the original's answer");
+    let allows_replay = door != Door::ForwardAuth;
+    if allows_replay {
+        assert_eq!(retry, original, "a retry gets the original's answer");
+    } else {
+        assert!(
+            matches!(retry, Read::ReusedId { .. }),
+            "an allow given again through forward-auth: {retry:?}"
+        );
+    }
 
     // The same id for other requests: refused, each in words that name the id.
     let reuses = [
@@ -254,6 +264,11 @@ async fn a_request_id_answers_only_its_own_request(door: Door, later: usize) {
         },
         "the ceiling is exhausted"
     );
+    // A denial is given again on every door (nginx asks twice for a denial's body).
+    let out_again = then
+        .keyed(door, call(alpha, "alpha", READ, "rid-third", 3_000))
+        .await;
+    assert_eq!(out_again, out, "a retry of a denial gets the denial");
     // Out of calls, alpha reuses the id of its first allowed call for another tool of the same
     // capped capability: refused, not allowed past the ceiling.
     let past = then.keyed(door, call(alpha, "alpha", LIST, id, 4_000)).await;
@@ -295,17 +310,25 @@ async fn a_request_id_answers_only_its_own_request(door: Door, later: usize) {
         .iter()
         .filter(|record| record.outcome == RecordOutcome::RequestIdReused)
         .collect();
-    let expected_reuses = if door == Door::ExtAuthz { 5 } else { 4 };
+    let expected_replays = usize::from(allows_replay);
+    let expected_reuses = match door {
+        Door::ExtAuthz => 5,
+        Door::ForwardAuth => 5,
+        _ => 4,
+    };
     assert_eq!(
         (records.len(), replays.len(), reused.len()),
-        (2 + expected_reuses, 1, expected_reuses),
+        (
+            1 + expected_replays + expected_reuses,
+            expected_replays,
+            expected_reuses
+        ),
         "{records:#?}"
     );
     assert!(records.iter().all(|record| record.door == door), "{records:#?}");
-    assert_eq!(
-        replays[0].first_decision_id.as_deref(),
-        Some(original_id.as_str())
-    );
+    for replay in &replays {
+        assert_eq!(replay.first_decision_id.as_deref(), Some(original_id.as_str()));
+    }
     for record in &reused {
         assert_eq!(
             record.first_decision_id.as_deref(),
@@ -330,15 +353,15 @@ async fn a_request_id_answers_only_its_own_request(door: Door, later: usize) {
         .collect();
     assert_eq!(outcomes.len(), records.len(), "{shown:#?}");
     assert!(
-        outcomes.contains(&"replayed") && outcomes.contains(&"request_id_reused"),
+        outcomes.contains(&"replayed") == allows_replay && outcomes.contains(&"request_id_reused"),
         "{outcomes:?}"
     );
 
     // Counted where they were answered.
     assert_eq!(
         world.request_id_metric(later, door, "replayed").await,
-        1.0,
-        "replays counted"
+        (expected_replays + 1) as f64,
+        "replays counted, the denial's among them"
     );
     assert_eq!(
         world.request_id_metric(later, door, "reused").await,

@@ -487,12 +487,30 @@ async fn publish_dry_run_identical_conflict_list_and_rollback(kind: Kind) {
         .any(|change| change.kind == "gained" && change.capability == "tickets.issue.read"));
     assert!(harness.store.list_policies(10).await.unwrap().is_empty());
 
-    // The first version: revision 1, two catalog warnings, every allow gained.
+    // The first version: revision 1, two catalog warnings, every allow gained; and the server's
+    // own warning when it cannot read the `nightly` issuer's key (`env://NIGHTLY_RUNNER_KEY`), as
+    // a remote publisher would otherwise never learn.
     let first = harness.publish(POLICY, Some(CATALOG)).await.unwrap();
     assert!(first.accepted && !first.unchanged);
     assert_eq!(first.revision, 1);
     let codes: Vec<&str> = first.diagnostics.iter().map(|d| d.code.as_str()).collect();
-    assert_eq!(codes, ["catalog_tool_unmapped", "catalog_tool_unmapped"]);
+    let key_is_set = std::env::var_os("NIGHTLY_RUNNER_KEY").is_some();
+    let mut expected = vec!["catalog_tool_unmapped", "catalog_tool_unmapped"];
+    if !key_is_set {
+        expected.push("secret_unreadable");
+        let warning = first.diagnostics.last().expect("the server's warning");
+        assert_eq!(
+            (warning.severity.as_str(), warning.path.as_str()),
+            ("warning", "/principals/issuers/1/secret/ref")
+        );
+        assert!(
+            warning.message.contains("NIGHTLY_RUNNER_KEY"),
+            "{}",
+            warning.message
+        );
+        assert!(warning.position.is_some(), "{warning:?}");
+    }
+    assert_eq!(codes, expected);
     assert_eq!(first.changes, dry.changes);
 
     // The same content again: nothing stored, the active revision returned.
@@ -1642,6 +1660,41 @@ async fn open_addresses_without_tokens_are_refused() {
     config.gateway_tokens.push(Token::new("gw", b"s"));
     let running = service::start(store, config).await.expect("starts with tokens");
     running.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_cannot_listen_publishes_nothing() {
+    // The README's tour beside a running service: the same port. The start fails on the port,
+    // before it touches the store (it used to publish its policy first).
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite(&dir).await;
+    let mut config = Config::new(vec![taken.local_addr().unwrap()]);
+    config.policy = Some(PolicyFile {
+        artifact: POLICY.into(),
+        catalog: Some(CATALOG.into()),
+    });
+    match service::start(store.clone(), config).await {
+        Err(StartError::Bind { addr, .. }) => assert_eq!(addr, taken.local_addr().unwrap()),
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("started on a taken port"),
+    }
+    // Its HTTP port taken instead: the same.
+    let mut config = Config::new(vec!["127.0.0.1:0".parse().unwrap()]);
+    config.http_listen = vec![taken.local_addr().unwrap()];
+    config.policy = Some(PolicyFile {
+        artifact: POLICY.into(),
+        catalog: Some(CATALOG.into()),
+    });
+    assert!(matches!(
+        service::start(store.clone(), config).await,
+        Err(StartError::Bind { .. })
+    ));
+    store.migrate().await.unwrap();
+    assert!(
+        store.list_policies(10).await.unwrap().is_empty(),
+        "nothing was published"
+    );
 }
 
 // ── Operations ────────────────────────────────────────────────────────────

@@ -68,10 +68,19 @@ fn strs(args: &[String]) -> Vec<&str> {
 
 /// One `Decide` on `channel`, answered `granted` within `within`.
 async fn decide_promptly(channel: &Channel, within: Duration) {
+    decide_promptly_as(channel, within, None).await;
+}
+
+/// As [`decide_promptly`], presenting the gateway token `token` when there is one.
+async fn decide_promptly_as(channel: &Channel, within: Duration, token: Option<&str>) {
     let started = Instant::now();
+    let request = match token {
+        Some(token) => support::doors::as_gateway(uncapped(), token),
+        None => tonic::Request::new(uncapped()),
+    };
     let answer = tokio::time::timeout(
         within,
-        DecisionServiceClient::new(channel.clone()).decide(uncapped()),
+        DecisionServiceClient::new(channel.clone()).decide(request),
     )
     .await
     .unwrap_or_else(|_| panic!("no answer within {within:?}"))
@@ -717,7 +726,7 @@ async fn hundreds_of_silent_connections_under_a_256_file_limit_do_not_starve_rea
     let dir = tempfile::tempdir().expect("a temporary directory");
     // Every connection setting at its default.
     let args = server_args(&dir, &database.url(), &[]);
-    let serve = Serve::start_with_open_file_limit(&strs(&args), 256).await;
+    let serve = Serve::start_with_open_file_limit(&strs(&args), 256, &[]).await;
     let channel = connect(serve.addr).await;
     wait_serving(&channel, Duration::from_secs(5)).await;
     decide_promptly(&channel, Duration::from_secs(5)).await;
@@ -755,7 +764,7 @@ async fn an_exhausted_open_file_limit_is_logged_and_waited_out_not_spun_on() {
         "",
         &["--max-connections", "1000", "--handshake-timeout", "3s"],
     );
-    let serve = Serve::start_with_open_file_limit(&strs(&args), 256).await;
+    let serve = Serve::start_with_open_file_limit(&strs(&args), 256, &[]).await;
     let channel = connect(serve.addr).await;
     wait_serving(&channel, Duration::from_secs(5)).await;
     assert!(
@@ -874,4 +883,208 @@ async fn over_tls_the_handshake_timeout_covers_the_tls_handshake_and_the_preface
         .await
         .expect("a TLS client connects");
     decide_promptly(&channel, Duration::from_secs(5)).await;
+}
+
+// ── The HTTP port (AuthZEN and forward-auth) ───────────────────────────────
+
+/// The asserting gateway's token on the HTTP port, from the environment.
+const HTTP_TOKEN: &str = "transport-http-gateway-5f3a";
+
+/// `--http-listen` and an asserting gateway token, then `flags`.
+fn http_flags<'a>(flags: &[&'a str]) -> Vec<&'a str> {
+    let mut all = vec![
+        "--http-listen",
+        "127.0.0.1:0",
+        "--asserting-gateway-token",
+        "edge=env://CAPGATE_TEST_HTTP_TOKEN",
+    ];
+    all.extend_from_slice(flags);
+    all
+}
+
+/// An AuthZEN evaluation Dee may have (an uncapped capability), as bytes of JSON.
+fn evaluation_body() -> Vec<u8> {
+    serde_json::json!({
+        "subject": {"type": "identity", "id": "dee", "properties": {"issuer": "staff", "attributes": {}}},
+        "action": {"name": "tools/call"},
+        "resource": {"type": "capability", "id": "docs.page.search"},
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// The head of a `POST /access/v1/evaluation` whose body is `length` bytes.
+fn evaluation_head(length: usize) -> String {
+    format!(
+        "POST /access/v1/evaluation HTTP/1.1\r\nHost: capgate\r\nAuthorization: Bearer {HTTP_TOKEN}\r\n\
+         Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    )
+}
+
+/// One request on a new connection that asks to be closed after it; the status and the whole
+/// response as text.
+async fn exchange(addr: SocketAddr, request: &[u8]) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(request).await.expect("send the request");
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response))
+        .await
+        .expect("an answer within 5 s")
+        .expect("read the answer");
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|status| status.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {text:?}"));
+    (status, text)
+}
+
+/// A gateway that sends a whole head, then its body one byte every 200 ms, for as long as the
+/// connection lets it. Resolves to what it was answered and when, after `since`, the connection
+/// closed.
+fn trickle(addr: SocketAddr, since: Instant) -> tokio::task::JoinHandle<(String, Duration)> {
+    tokio::spawn(async move {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        let (mut reading, mut writing) = stream.into_split();
+        let head = evaluation_head(evaluation_body().len());
+        writing.write_all(head.as_bytes()).await.expect("send the head");
+        let writer = tokio::spawn(async move {
+            // JSON allows whitespace before the value: every byte is valid, none completes it.
+            while writing.write_all(b" ").await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        let mut response = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), reading.read_to_end(&mut response)).await;
+        writer.abort();
+        (String::from_utf8_lossy(&response).into_owned(), since.elapsed())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickled_body_is_answered_408_in_time_and_the_http_port_holds_half_the_connections() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let flags = http_flags(&["--max-connections", "8", "--handshake-timeout", "1s"]);
+    let args = server_args(&dir, "", &flags);
+    let mut serve = Serve::start_with_env(&strs(&args), &[("CAPGATE_TEST_HTTP_TOKEN", HTTP_TOKEN)]).await;
+    let http = support::doors::http_addr(&serve);
+    let grpc = connect(serve.addr).await;
+    wait_serving(&grpc, Duration::from_secs(5)).await;
+
+    // An honest gateway is served.
+    let mut honest = evaluation_head(evaluation_body().len()).into_bytes();
+    honest.extend(evaluation_body());
+    let (status, text) = exchange(http, &honest).await;
+    assert!(status == 200 && text.contains("\"decision\":true"), "{text}");
+
+    // Four trickling gateways hold the HTTP port's half of the eight connections ...
+    let since = Instant::now();
+    let trickling: Vec<_> = (0..4).map(|_| trickle(http, since)).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // ... so a fifth HTTP connection is closed at once, while the gRPC port keeps its half:
+    // a new gateway connection is served.
+    let mut fifth = TcpStream::connect(http).await.expect("connect");
+    closed_within(&mut fifth, Duration::from_millis(500)).await;
+    decide_promptly_as(
+        &connect(serve.addr).await,
+        Duration::from_secs(1),
+        Some(HTTP_TOKEN),
+    )
+    .await;
+    // Each trickled body ends at its deadline, one `--handshake-timeout` after its head: `408`,
+    // and the connection closed.
+    for handle in trickling {
+        let (response, closed_after) = handle.await.expect("the trickling gateway");
+        assert!(
+            response.starts_with("HTTP/1.1 408") && response.contains("`--handshake-timeout`"),
+            "{response:?}"
+        );
+        assert!(
+            closed_after < Duration::from_millis(2500),
+            "closed after {closed_after:?}"
+        );
+    }
+    let (status, text) = exchange(http, &honest).await;
+    assert_eq!(status, 200, "{text}");
+
+    // A kept-alive connection that sends nothing more is closed after the handshake timeout.
+    let mut kept = TcpStream::connect(http).await.expect("connect");
+    kept.write_all(b"GET /.well-known/authzen-configuration HTTP/1.1\r\nHost: capgate\r\n\r\n")
+        .await
+        .expect("send a request");
+    let mut first = [0u8; 12];
+    kept.read_exact(&mut first).await.expect("read the status line");
+    assert_eq!(&first, b"HTTP/1.1 200");
+    let idle = closed_within(&mut kept, Duration::from_secs(3)).await;
+    assert!(
+        idle > Duration::from_millis(500),
+        "closed after {idle:?}, before the timeout"
+    );
+
+    // Shutting down waits for a trickled body no longer than its deadline (19.9 s before).
+    let trickling: Vec<_> = (0..3).map(|_| trickle(http, Instant::now())).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stopping = Instant::now();
+    serve.terminate();
+    let status = serve.wait(Duration::from_secs(10)).await;
+    assert!(status.success(), "{status:?}\n{}", serve.logs());
+    assert!(
+        stopping.elapsed() < Duration::from_secs(3),
+        "SIGTERM took {:?} with trickled bodies open",
+        stopping.elapsed()
+    );
+    for handle in trickling {
+        let (response, _) = handle.await.expect("the trickling gateway");
+        assert!(
+            response.is_empty() || response.starts_with("HTTP/1.1 408"),
+            "{response:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_slow_http_bodies_under_a_256_file_limit_leaves_the_grpc_port_its_half() {
+    let Some(database) = TestDatabase::create().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    // Every connection setting at its default: 128 connections (half of 256) across both ports.
+    let args = server_args(&dir, &database.url(), &http_flags(&[]));
+    let serve =
+        Serve::start_with_open_file_limit(&strs(&args), 256, &[("CAPGATE_TEST_HTTP_TOKEN", HTTP_TOKEN)])
+            .await;
+    let http = support::doors::http_addr(&serve);
+    let channel = connect(serve.addr).await;
+    wait_serving(&channel, Duration::from_secs(5)).await;
+    decide_promptly_as(&channel, Duration::from_secs(5), Some(HTTP_TOKEN)).await;
+
+    // 240 gateways send a head and the first byte of a body that never comes.
+    let mut slow = silent_connections(http, 240).await;
+    let head = format!("{}{{", evaluation_head(evaluation_body().len()));
+    for stream in &mut slow {
+        let _ = stream.write_all(head.as_bytes()).await;
+    }
+    assert!(slow.len() > 200, "only {} connections opened", slow.len());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The gateway already connected and a new one are both served, and their calls reach the
+    // store: the HTTP port took 64 descriptors, not all of them.
+    decide_promptly_as(&channel, Duration::from_secs(1), Some(HTTP_TOKEN)).await;
+    decide_promptly_as(
+        &connect(serve.addr).await,
+        Duration::from_secs(2),
+        Some(HTTP_TOKEN),
+    )
+    .await;
+    let refused = serve
+        .logs()
+        .lines()
+        .filter(|line| line.contains("HTTP connection refused"))
+        .count();
+    assert!(
+        (1..=3).contains(&refused),
+        "the refusals were logged {refused} times (once, rate-limited, is right):\n{}",
+        serve.logs()
+    );
+    drop(slow);
 }

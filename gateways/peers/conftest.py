@@ -212,7 +212,7 @@ def start_capgate(stack: ExitStack, directory: Path, label: str, database: Datab
     port = int(child.wait_for(r'"message":"capgate serving","addresses":"127\.0\.0\.1:(\d+)').group(1))
     found = Capgate(child, port, database)
     if "--http-listen" in flags:
-        found.http = child.wait_for(r'"message":"serving AuthZEN","addresses":"(127\.0\.0\.1:\d+)"').group(1)
+        found.http = child.wait_for(r'"message":"serving HTTP: AuthZEN and forward-auth","addresses":"(127\.0\.0\.1:\d+)"').group(1)
     if "--metrics-listen" in flags:
         found.metrics = child.wait_for(r'"message":"serving Prometheus metrics at /metrics","address":"([^"]+)"').group(1)
     stack.callback(_keep_audit_figures, found, label)

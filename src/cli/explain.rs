@@ -77,6 +77,8 @@ struct Explanation<'a> {
     asked_tool: Option<&'a str>,
     tool: Option<&'a ToolDescriptor>,
     unknown_tool: bool,
+    /// For an unknown tool, the exposed name it most likely meant.
+    suggestion: Option<&'a str>,
     decision: Option<Decision<'a>>,
     tools: Vec<&'a ToolDescriptor>,
 }
@@ -123,6 +125,9 @@ fn explain<'a>(
         (None, None) => (None, None),
     };
     let unknown_tool = asked_tool.is_some() && tool.is_none() && args.capability.is_none();
+    let suggestion = asked_tool
+        .filter(|_| unknown_tool)
+        .and_then(|asked| policy.tools.closest(asked));
     let decision = match (&resolution, capability) {
         (Ok(resolution), Some(capability)) => Some(evaluate(
             &policy.ruleset,
@@ -148,6 +153,7 @@ fn explain<'a>(
         asked_tool,
         tool,
         unknown_tool,
+        suggestion,
         decision,
         tools,
     }
@@ -162,6 +168,7 @@ fn to_json(loaded: &Loaded, document: Option<&Document>, explanation: &Explanati
         asked_tool: _,
         tool,
         unknown_tool,
+        suggestion,
         decision,
         tools,
     } = explanation;
@@ -181,7 +188,11 @@ fn to_json(loaded: &Loaded, document: Option<&Document>, explanation: &Explanati
         "unknown_tool": unknown_tool,
         "decision": decision.as_ref().map_or(Value::Null, |decision| json::decision(decision, document)),
     });
-    // Optional members that do not apply are absent (cli.md): the realising tools on an allow only.
+    // Optional members that do not apply are absent (cli.md): the tool an unknown one most likely
+    // meant, when there is one; the realising tools on an allow only.
+    if let Some(suggestion) = suggestion {
+        document["suggestion"] = json!(suggestion);
+    }
     if decision.as_ref().is_some_and(Decision::is_allow) {
         document["tools"] = json!(tools.iter().map(|tool| json::tool_ref(tool)).collect::<Vec<_>>());
     }
@@ -199,6 +210,7 @@ fn human(loaded: &Loaded, document: Option<&Document>, explanation: &Explanation
         asked_tool,
         tool,
         unknown_tool,
+        suggestion,
         decision,
         tools,
     } = explanation;
@@ -228,6 +240,9 @@ fn human(loaded: &Loaded, document: Option<&Document>, explanation: &Explanation
             "  `{}` is not a mapped tool of the catalog: no decision is made",
             asked_tool.unwrap_or_default()
         );
+        if let Some(suggestion) = suggestion {
+            let _ = writeln!(out, "  did you mean `{suggestion}`?");
+        }
         return out;
     }
     let Some(decision) = decision else {

@@ -4,7 +4,8 @@
 //!
 //! tonic serves HTTP/2 on what [`Acceptor::incoming`] hands it. Before that, each accepted socket
 //!
-//! 1. takes a permit from a semaphore of `--max-connections` permits, or is closed at once — the
+//! 1. takes a permit from a semaphore of `--max-connections` permits, shared with the HTTP
+//!    listener (`authzen/server.rs`: one budget of descriptors for every door), or is closed at once — the
 //!    clients already connected keep being served, and the file descriptors the store pool and
 //!    the spool need are not spent on a flood;
 //! 2. does TLS, when configured, and sends the HTTP/2 client preface (the magic and its first
@@ -70,6 +71,9 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 pub struct Acceptor {
     settings: Connections,
     max_connections: usize,
+    /// The `max_connections` permits every listener of the process draws from: the gRPC port's
+    /// and the HTTP port's connections are one budget of descriptors.
+    budget: Arc<Semaphore>,
     tls: Option<TlsAcceptor>,
 }
 
@@ -104,13 +108,20 @@ impl Acceptor {
         Ok(Acceptor {
             settings: settings.clone(),
             max_connections,
+            budget: Arc::new(Semaphore::new(max_connections)),
             tls: tls.map(tls_acceptor).transpose()?,
         })
     }
 
-    /// The connection cap in force.
+    /// The connection cap in force, across every listener.
     pub fn max_connections(&self) -> usize {
         self.max_connections
+    }
+
+    /// The permits every listener draws a connection from ([`Acceptor::max_connections`] of
+    /// them), for the HTTP listener to share.
+    pub fn budget(&self) -> Arc<Semaphore> {
+        self.budget.clone()
     }
 
     /// Starts accepting on every listener. The stream never ends by itself; once tonic drops it
@@ -120,7 +131,7 @@ impl Acceptor {
         let door = Arc::new(Door {
             settings: self.settings,
             max_connections: self.max_connections,
-            permits: Arc::new(Semaphore::new(self.max_connections)),
+            permits: self.budget,
             tls: self.tls,
             refusals: Throttle::default(),
             accept_errors: Throttle::default(),
@@ -632,13 +643,13 @@ impl<B: Body + Unpin> Body for CountedBody<B> {
 
 /// Lets a warning through at most every [`WARN_EVERY`], counting the ones held back.
 #[derive(Default)]
-struct Throttle {
+pub(crate) struct Throttle {
     state: Mutex<(Option<Instant>, u64)>,
 }
 
 impl Throttle {
     /// `Some(held back since the last one)` when a warning may be written now.
-    fn check(&self) -> Option<u64> {
+    pub(crate) fn check(&self) -> Option<u64> {
         let mut state = self
             .state
             .lock()

@@ -14,7 +14,7 @@
 //! | the proxy's gateway token | `--forward-auth-token-header` (`x-capgate-gateway-token`), bare or `Bearer` |
 //! | MCP method | `mcp-method` (MCP 2026-07-28), `x-mcp-method` (Kuadrant) |
 //! | tool | `mcp-name`, `x-mcp-toolname`; without its `<server>__` prefix, the server from the path segment, else `--forward-auth-server-header` (`x-mcp-servername`) |
-//! | the original HTTP method | `x-forwarded-method` (Caddy, Traefik), `x-original-method` (nginx, as configured) |
+//! | the original HTTP method | `x-forwarded-method` (Caddy, Traefik, nginx as configured), `x-original-method`; when both come they must agree |
 //! | caller | `authorization: Bearer`, the API-key header (`--ext-authz-api-key-header`), a client certificate in `x-forwarded-client-cert` (XFCC or a DN), `x-forwarded-tls-client-cert` (Traefik) or `x-ssl-client-cert` (nginx's `$ssl_client_escaped_cert`): asserting gateways only |
 //! | `request_id` | `--forward-auth-request-id-header`, when set (none by default: a client's id is never taken) |
 //!
@@ -170,6 +170,9 @@ impl<S: Store> ForwardAuth<S> {
             request_id: read.request_id,
             door: Door::ForwardAuth,
             retry_facts: Vec::new(),
+            // The proxy forwards the request on every 2xx: an allow given twice would run the call
+            // twice on one count. A denial may be given again (nginx asks again for its body).
+            replayable: Remembered::was_denied,
         };
         let encode: Remember = Arc::new(|answer: &Answer<'_>| {
             serde_json::to_vec(&Remembered::of(&HttpAnswer::decided(answer, &Value::Null)))
@@ -268,7 +271,24 @@ impl<'a> Subrequest<'a> {
         });
         // Only a proxy that says so makes a request one that carries no call: some proxies send
         // every subrequest as a `GET`, whatever the original was.
-        let may_call = !first(&ORIGINAL_METHOD, 16)?.is_some_and(|original| {
+        // Both headers may come: one set by the proxy, the other the client's own, passed on
+        // untouched. They must agree, or a client could name its `POST` a `GET`.
+        let mut original = None;
+        for name in ORIGINAL_METHOD {
+            let Some(said) = bounded(name, 16)? else {
+                continue;
+            };
+            match original {
+                Some((first_name, first)) if !said.eq_ignore_ascii_case(first) => {
+                    return Err(malformed(format!(
+                        "`{first_name}` says `{first}` and `{name}` says `{said}`: the original method is unclear"
+                    )));
+                }
+                Some(_) => {}
+                None => original = Some((name, said)),
+            }
+        }
+        let may_call = !original.is_some_and(|(_, original)| {
             ["GET", "HEAD", "DELETE", "OPTIONS"]
                 .iter()
                 .any(|harmless| original.eq_ignore_ascii_case(harmless))
@@ -380,6 +400,12 @@ struct Remembered {
 }
 
 impl Remembered {
+    /// Whether a remembered answer let nothing through; one that cannot be read counts as an
+    /// allow, so it is never replayed.
+    fn was_denied(bytes: &[u8]) -> bool {
+        serde_json::from_slice::<Remembered>(bytes).is_ok_and(|remembered| remembered.status >= 300)
+    }
+
     fn of(answer: &HttpAnswer) -> Remembered {
         let pairs = |pairs: &[(&'static str, String)]| {
             pairs

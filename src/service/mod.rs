@@ -218,11 +218,28 @@ async fn serve_until<S: Store>(
     running.wait().await.map_err(StartError::Active)
 }
 
-/// Starts a server over `store`: migrates, publishes `config.policy` if it
-/// differs from the active version, binds every listen address, and serves
-/// in a task of its own.
+/// Starts a server over `store`: binds every listen address, migrates,
+/// publishes `config.policy` if it differs from the active version, and
+/// serves in a task of its own.
 pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartError> {
     config.check()?;
+    // Every address first: a server that cannot listen (a port another one holds) changes
+    // nothing in the store, not even the active version.
+    let bind = |addrs: &[std::net::SocketAddr]| {
+        let addrs = addrs.to_vec();
+        async move {
+            let mut listeners = Vec::with_capacity(addrs.len());
+            for addr in addrs {
+                let listener = TcpListener::bind(addr)
+                    .await
+                    .map_err(|error| StartError::Bind { addr, error })?;
+                listeners.push(listener);
+            }
+            Ok::<_, StartError>(listeners)
+        }
+    };
+    let listeners = bind(&config.listen).await?;
+    let http_listeners = bind(&config.http_listen).await?;
     store.migrate().await?;
     store.prepare_audit_periods(crate::clock::now()).await?;
 
@@ -292,23 +309,26 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
         stopping: stopped.clone(),
     });
 
-    let mut listeners = Vec::with_capacity(config.listen.len());
-    let mut addrs = Vec::with_capacity(config.listen.len());
-    for addr in &config.listen {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|error| StartError::Bind { addr: *addr, error })?;
+    let mut addrs = Vec::with_capacity(listeners.len());
+    for (listener, addr) in listeners.iter().zip(&config.listen) {
         let bound = listener
             .local_addr()
             .map_err(|error| StartError::Bind { addr: *addr, error })?;
         addrs.push(bound);
-        listeners.push(listener);
     }
-    // The AuthZEN door, when `--http-listen` is given: the same state, tokens and TLS.
-    let http = authzen::HttpServer::bind(state.clone(), &config, stopped.clone()).await?;
     // The connection cap, handshake deadline, TLS and idle watch are the acceptor's; keepalive
     // pings and the stream limit are hyper's (docs/decisions/0013).
     let acceptor = Acceptor::new(&config.connections, config.tls.as_ref()).map_err(StartError::Tls)?;
+    // The HTTP doors, when `--http-listen` is given: the same state, tokens and TLS, and the same
+    // budget of connections.
+    let http = authzen::HttpServer::bind(
+        state.clone(),
+        &config,
+        http_listeners,
+        (acceptor.budget(), acceptor.max_connections()),
+        stopped.clone(),
+    )
+    .await?;
     let builder = Server::builder()
         .http2_keepalive_interval(Some(config.connections.keepalive_interval))
         .http2_keepalive_timeout(Some(config.connections.keepalive_timeout))
@@ -372,7 +392,7 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
     let http_addrs = http.addrs.clone();
     if !http.addrs.is_empty() {
         let shown: Vec<String> = http.addrs.iter().map(ToString::to_string).collect();
-        tracing::info!(addresses = %shown.join(", "), tls = config.tls.is_some(), "serving AuthZEN");
+        tracing::info!(addresses = %shown.join(", "), tls = config.tls.is_some(), "serving HTTP: AuthZEN and forward-auth");
     }
     let shown: Vec<String> = addrs.iter().map(ToString::to_string).collect();
     tracing::info!(

@@ -134,9 +134,9 @@ impl HttpAnswer {
         let (status, grpc, headers) = match refusal {
             Refusal::PermissionDenied(_) => (403, Code::PermissionDenied, Vec::new()),
             Refusal::Unavailable(_) => (503, Code::Unavailable, vec![("retry-after", "1".to_owned())]),
-            Refusal::RequestIdReused { request_id } => {
+            Refusal::RequestIdReused { request_id, reuse } => {
                 // draft-ietf-httpapi-idempotency-key-header: a key reused with another request is 422.
-                let message = pipeline::reused(request_id_field, request_id);
+                let message = pipeline::reused(request_id_field, request_id, *reuse);
                 let body = json!({
                     "jsonrpc": "2.0",
                     "id": rpc_id,
@@ -209,7 +209,12 @@ impl HttpAnswer {
             }
             Verdict::UnknownTool(name) => {
                 facts.extend([("outcome", text("unknown_tool")), ("code", text("unknown_tool"))]);
-                let message = format!("unknown tool `{name}`: not in the active catalog");
+                let hint = active
+                    .policy
+                    .tools
+                    .closest(name)
+                    .map_or_else(String::new, |found| format!(" (did you mean `{found}`?)"));
+                let message = format!("unknown tool `{name}`: not in the active catalog{hint}");
                 let body = error(RPC_UNKNOWN_TOOL, &message, "unknown_tool", "");
                 HttpAnswer::denied(
                     403,

@@ -103,9 +103,13 @@ pub fn reason_code(code: ReasonCode) -> proto::ReasonCode {
     }
 }
 
-/// `UnknownTool.message`: one line naming the tool asked for.
-pub fn unknown_tool_message(name: &str) -> String {
-    format!("no tool `{name}` is exposed: it is not in the active catalog, or not mapped to a capability")
+/// `UnknownTool.message`: one line naming the tool asked for, and the exposed name it most
+/// likely meant (`suggestion`).
+pub fn unknown_tool_message(name: &str, suggestion: Option<&str>) -> String {
+    let hint = suggestion.map_or_else(String::new, |found| format!(" (did you mean `{found}`?)"));
+    format!(
+        "no tool `{name}` is exposed: it is not in the active catalog, or not mapped to a capability{hint}"
+    )
 }
 
 pub fn auth_problem(problem: AuthProblem) -> proto::AuthProblem {

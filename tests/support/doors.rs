@@ -406,7 +406,7 @@ pub fn http_addr(serve: &Serve) -> SocketAddr {
         .logs()
         .lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .find(|line| line["fields"]["message"] == "serving AuthZEN")
+        .find(|line| line["fields"]["message"] == "serving HTTP: AuthZEN and forward-auth")
         .and_then(|line| line["fields"]["addresses"].as_str()?.parse().ok())
         .unwrap_or_else(|| panic!("no AuthZEN address logged:\n{}", serve.logs()))
 }

@@ -57,16 +57,16 @@ impl Serve {
         Serve::launch(Command::new(env!("CARGO_BIN_EXE_capgate")), args, env).await
     }
 
-    /// As [`Serve::start`], with the process's open-file limit (`ulimit -n`) set to `limit` by a
-    /// shell that then execs the binary, so that the pid is still the server's.
-    pub async fn start_with_open_file_limit(args: &[&str], limit: u32) -> Serve {
+    /// As [`Serve::start_with_env`], with the process's open-file limit (`ulimit -n`) set to
+    /// `limit` by a shell that then execs the binary, so that the pid is still the server's.
+    pub async fn start_with_open_file_limit(args: &[&str], limit: u32, env: &[(&str, &str)]) -> Serve {
         let mut shell = Command::new("sh");
         shell.args([
             "-c",
             &format!("ulimit -n {limit} && exec \"$0\" \"$@\""),
             env!("CARGO_BIN_EXE_capgate"),
         ]);
-        Serve::launch(shell, args, &[]).await
+        Serve::launch(shell, args, env).await
     }
 
     /// Runs `command serve --listen 127.0.0.1:0 --log-format json ARGS`.

@@ -28,6 +28,9 @@ pub struct Account {
     pub id: String,
     pub disabled: bool,
     pub secret_ref: SecretRef,
+    /// The upstreams the account's secret is for (`upstreams:`, ours, docs/decisions/0030);
+    /// `None` when the artifact does not say, as in mcpizer's format.
+    pub upstreams: Option<Vec<String>>,
     /// Pointer into the artifact, `/accounts/a`.
     pub path: String,
 }

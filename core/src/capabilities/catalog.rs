@@ -115,6 +115,29 @@ impl ToolIndex {
         self.by_exposed_name.get(exposed).map(|&at| &self.tools[at])
     }
 
+    /// The exposed name a caller most likely meant by an unknown one (`crm__refnd` for
+    /// `crm__refund`): among the tools of the upstream it names (the part before `__`), else
+    /// among all. At most 1,024 names are compared, so an unknown name costs microseconds however
+    /// large the catalog.
+    pub fn closest(&self, exposed: &str) -> Option<&str> {
+        const COMPARED: usize = 1024;
+        let upstream = exposed.split_once("__").map(|(upstream, _)| upstream);
+        let of_upstream = self
+            .tools
+            .iter()
+            .filter(|tool| upstream.is_some_and(|upstream| tool.upstream == upstream))
+            .take(COMPARED)
+            .map(|tool| tool.exposed_name.as_str());
+        crate::policy::suggest::closest(exposed, of_upstream).or_else(|| {
+            let all = self
+                .tools
+                .iter()
+                .take(COMPARED)
+                .map(|tool| tool.exposed_name.as_str());
+            crate::policy::suggest::closest(exposed, all)
+        })
+    }
+
     /// The tools realising any of the given capabilities, in catalog order.
     pub fn realizing<'a>(
         &'a self,

@@ -20,7 +20,8 @@ impl Severity {
     }
 }
 
-/// The closed set of diagnostic codes: upstream's 14 plus our 2.
+/// The closed set of diagnostic codes: upstream's 14, our 2 more of the compiler's, and one the
+/// service reports about a version it accepted ([`Code::from_the_compiler`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Code {
     YamlSyntax,
@@ -39,10 +40,15 @@ pub enum Code {
     UnusedAccount,
     ToolNotInCatalog,
     CatalogToolUnmapped,
+    /// An `account` with `upstreams:` is used for a tool of another upstream (ours, 0030).
+    AccountNotForUpstream,
+    /// A secret the server must read itself (a `static-key` issuer's key) cannot be read where
+    /// the version was published: the service's warning, never the compiler's.
+    SecretUnreadable,
 }
 
 impl Code {
-    pub const ALL: [Code; 16] = [
+    pub const ALL: [Code; 18] = [
         Code::YamlSyntax,
         Code::SchemaViolation,
         Code::DuplicateId,
@@ -59,7 +65,15 @@ impl Code {
         Code::UnusedAccount,
         Code::ToolNotInCatalog,
         Code::CatalogToolUnmapped,
+        Code::AccountNotForUpstream,
+        Code::SecretUnreadable,
     ];
+
+    /// Whether the compiler reports it; the others come from the service, which reads what the
+    /// pure core cannot.
+    pub fn from_the_compiler(self) -> bool {
+        self != Code::SecretUnreadable
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -79,6 +93,8 @@ impl Code {
             Code::UnusedAccount => "unused_account",
             Code::ToolNotInCatalog => "tool_not_in_catalog",
             Code::CatalogToolUnmapped => "catalog_tool_unmapped",
+            Code::AccountNotForUpstream => "account_not_for_upstream",
+            Code::SecretUnreadable => "secret_unreadable",
         }
     }
 }

@@ -303,6 +303,19 @@ impl Document {
     }
 }
 
+/// For a parser error about a tab, the byte offset of the tab it is about: the first tab in the
+/// whitespace before the `at`-th character on its line (the parser reports the token after it).
+fn tab_before(text: &str, at: usize, message: &str) -> Option<usize> {
+    if !message.contains("tab") {
+        return None;
+    }
+    let at = text.char_indices().nth(at).map_or(text.len(), |(byte, _)| byte);
+    let line_start = text[..at].rfind('\n').map_or(0, |newline| newline + 1);
+    let before = &text[line_start..at];
+    let blank = before.len() - before.trim_start_matches([' ', '\t']).len();
+    before[..blank].find('\t').map(|tab| line_start + tab)
+}
+
 /// Position just after `prefix` (used for errors found outside the parser).
 fn position_after(prefix: &str) -> Position {
     let mut line = 1;
@@ -474,13 +487,19 @@ impl<'t> Builder<'t> {
                 Some(Err(error)) => {
                     let marker = error.marker();
                     stopped_at = Some(marker.index());
-                    self.errors.push(SyntaxError {
-                        message: error.info().to_owned(),
-                        position: Position {
+                    let position = match tab_before(self.text, marker.index(), error.info()) {
+                        // The parser stops at the token after a tab it refuses; the tab is what
+                        // to change.
+                        Some(tab) => position_after(&self.text[..tab]),
+                        None => Position {
                             line: marker.line(),
                             column: marker.col() + 1,
                             offset: marker.index(),
                         },
+                    };
+                    self.errors.push(SyntaxError {
+                        message: error.info().to_owned(),
+                        position,
                     });
                     break;
                 }
@@ -1170,6 +1189,23 @@ mod tests {
         assert_eq!(first_error(&large).position.line, 41);
         // `1` and `1.0` become the same JSON key.
         assert!(Document::parse("1: a\n1.0: b\n").is_err());
+    }
+
+    #[test]
+    fn a_tab_in_indentation_is_pointed_at_where_it_stands() {
+        // The parser stops at the token after the tab; the error points at the tab itself.
+        let text = "a:\n  b:\n  \t c: 2\n";
+        let error = first_error(text);
+        assert!(error.message.contains("tab"), "{error:?}");
+        assert_eq!(
+            (error.position.line, error.position.column, error.position.offset),
+            (3, 3, 10),
+            "{error:?}"
+        );
+        // Characters before it are counted as characters, not bytes.
+        let error = first_error("é: 1\nf:\n\tg: 2\n");
+        assert_eq!((error.position.line, error.position.column), (3, 1), "{error:?}");
+        assert_eq!(error.position.offset, 8, "{error:?}");
     }
 
     #[test]

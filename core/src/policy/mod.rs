@@ -13,6 +13,7 @@ pub mod document;
 mod model;
 pub mod pointer;
 pub mod schema;
+pub mod suggest;
 pub mod syntax;
 
 pub use catalog::{load_catalog, CatalogError};

@@ -149,6 +149,12 @@ impl Declared {
                 id: text(node.get("id")),
                 disabled: node.get("disabled").and_then(NodeRef::as_bool).unwrap_or(false),
                 secret_ref: SecretRef::new(text(node.get("secret").and_then(|s| s.get("ref")))),
+                upstreams: node.get("upstreams").map(|list| {
+                    list.items()
+                        .filter_map(NodeRef::as_str)
+                        .map(str::to_owned)
+                        .collect()
+                }),
                 path: pointer::join(["accounts", &a.to_string()]),
             })
             .collect();

@@ -12,7 +12,7 @@
 use std::collections::HashSet;
 
 use super::document::{Document, NodeRef, Value};
-use super::{pointer, syntax, Code, Diagnostic, Severity};
+use super::{pointer, suggest, syntax, Code, Diagnostic, Position, Severity};
 
 /// The artifact's JSON Schema (draft 2020-12), as printed by `capgate schema`.
 pub const SCHEMA_JSON: &str = include_str!("schema.json");
@@ -29,6 +29,9 @@ struct Violation {
     keyword: &'static str,
     key: Option<String>,
     message: String,
+    /// Where to point instead of where `path` resolves: an unknown key's own position (the
+    /// pointer stays the object's, as JSON Schema reports `additionalProperties`).
+    at: Option<Position>,
 }
 
 #[derive(Default)]
@@ -53,7 +56,7 @@ pub fn validate(document: &Document) -> Vec<Diagnostic> {
         .map(|violation| Diagnostic {
             severity: Severity::Error,
             code: Code::SchemaViolation,
-            position: document.resolve(&violation.path),
+            position: violation.at.or_else(|| document.resolve(&violation.path)),
             message: violation.message,
             path: violation.path,
             related: Vec::new(),
@@ -98,6 +101,7 @@ impl Validator {
             keyword,
             key: key.map(str::to_owned),
             message: message.into(),
+            at: None,
         });
     }
 
@@ -126,12 +130,22 @@ impl Validator {
         for (entry, value) in node.entries() {
             match shape.properties.iter().find(|(name, _)| *name == entry.key) {
                 Some((name, check)) => check(self, value, &child(path, name)),
-                None => self.report(
-                    path,
-                    "additionalProperties",
-                    Some(&entry.key),
-                    format!("{what} does not allow the property `{}`", entry.key),
-                ),
+                None => {
+                    let known = shape.properties.iter().map(|(name, _)| *name);
+                    self.report(
+                        path,
+                        "additionalProperties",
+                        Some(&entry.key),
+                        format!(
+                            "{what} does not allow the property `{}`{}",
+                            entry.key,
+                            suggest::did_you_mean(&entry.key, known)
+                        ),
+                    );
+                    if let Some(violation) = self.found.last_mut() {
+                        violation.at = entry.key_position;
+                    }
+                }
             }
         }
     }
@@ -448,9 +462,15 @@ impl Validator {
                     ("id", Validator::identifier),
                     ("disabled", Validator::boolean),
                     ("secret", Validator::secret),
+                    ("upstreams", Validator::upstream_ids),
                 ],
             },
         );
+    }
+
+    /// An account's `upstreams`: upstream ids.
+    fn upstream_ids(&mut self, node: NodeRef<'_>, path: &str) {
+        self.array(node, path, "upstreams", Validator::identifier);
     }
 
     fn principals(&mut self, node: NodeRef<'_>, path: &str) {

@@ -104,6 +104,12 @@ impl IntoResponse for Failed {
         if let Some(id) = self.request_id {
             response.headers_mut().insert("x-request-id", id);
         }
+        if status == StatusCode::REQUEST_TIMEOUT {
+            // The rest of the body may still be coming: the connection cannot carry another request.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         response
     }
 }
@@ -130,9 +136,9 @@ fn refused(refusal: Refusal) -> Problem {
         Refusal::PermissionDenied(message) => Problem { status: 403, message },
         Refusal::Unavailable(message) => Problem { status: 503, message },
         // draft-ietf-httpapi-idempotency-key-header: a key reused with another request is 422.
-        Refusal::RequestIdReused { request_id } => Problem {
+        Refusal::RequestIdReused { request_id, reuse } => Problem {
             status: 422,
-            message: pipeline::reused("X-Request-ID", &request_id),
+            message: pipeline::reused("X-Request-ID", &request_id, reuse),
         },
     }
 }
@@ -193,6 +199,12 @@ async fn posted<S: Store>(
                     Problem {
                         status: 413,
                         message: format!("the request body is more than {MAX_BODY} bytes"),
+                    }
+                } else if server::body_timed_out(error.as_ref()) {
+                    Problem {
+                        status: 408,
+                        message: "the request body did not arrive within `--handshake-timeout` of its head"
+                            .to_owned(),
                     }
                 } else {
                     Problem {
@@ -389,6 +401,7 @@ async fn decide<S: Store>(
         request_id,
         door: Door::Authzen,
         retry_facts: Vec::new(),
+        replayable: pipeline::every_answer,
     };
     let remember: Remember = Arc::new(|answer: &Answer<'_>| decision_object(answer).to_string().into_bytes());
     match pipeline::decide(state, active, ask, item.target, &remember)
@@ -432,7 +445,7 @@ fn decision_object(answer: &Answer<'_>) -> Value {
         Verdict::UnknownTool(name) => {
             context.insert(
                 "reason".into(),
-                json!({"code": "unknown_tool", "message": crate::wire::convert::unknown_tool_message(name)}),
+                json!({"code": "unknown_tool", "message": crate::wire::convert::unknown_tool_message(name, active.policy.tools.closest(name))}),
             );
             false
         }
@@ -533,6 +546,7 @@ async fn search<S: Store>(state: &State<S>, headers: &HeaderMap, body: Body) -> 
         request_id: posted.request_id.as_deref(),
         door: Door::Authzen,
         retry_facts: Vec::new(),
+        replayable: pipeline::every_answer,
     };
     let listing = pipeline::list(state, &active, ask)
         .await

@@ -1,7 +1,18 @@
-//! The AuthZEN port's connections: HTTP/1.1 (TLS with the gRPC port's certificate and client CA
-//! when `--tls-cert` is set), at most `--max-connections` at once (its own count), a request head
-//! within `--handshake-timeout`, and a drain at shutdown: no new connections, each open one
-//! finishes the request in flight and closes.
+//! The HTTP port's connections (AuthZEN and forward-auth): HTTP/1.1 (TLS with the gRPC port's
+//! certificate and client CA when `--tls-cert` is set), and a drain at shutdown: no new
+//! connections, each open one finishes the request in flight and closes.
+//!
+//! What a client can hold, and for how long (docs/decisions/0013, docs/service.md "Connections"):
+//!
+//! * a connection takes a permit from the budget the gRPC port draws from too (`--max-connections`
+//!   across every listener, by default half the open-file limit), and at most half of that budget:
+//!   a flood on this port leaves the gRPC port (the gateways' `Decide`, the admin's publish) the
+//!   other half, and the store pool and the spool the descriptors outside the budget;
+//! * a request's head must arrive within `--handshake-timeout` (TLS handshake included), its body
+//!   within as long again (`408`, the connection closed: the doors' handlers), and a kept-alive
+//!   connection with no request is closed after `--handshake-timeout` as well;
+//! * an `accept` that fails (out of descriptors) is retried after a pause that doubles up to a
+//!   second, and logged at most every ten seconds.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,17 +21,20 @@ use std::time::Duration;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
-use crate::service::config::{Config, Connections};
-use crate::service::connections::tls_config;
+use crate::service::config::Config;
+use crate::service::connections::{tls_config, Throttle};
 use crate::service::State;
 use crate::store::Store;
 
 /// How long the drain waits for open connections to finish their request.
 const DRAIN_WITHIN: Duration = Duration::from_secs(30);
+/// Back-off after an `accept` that failed for want of resources.
+const FIRST_PAUSE: Duration = Duration::from_millis(5);
+const LONGEST_PAUSE: Duration = Duration::from_secs(1);
 
 /// The running AuthZEN listeners.
 pub struct HttpServer {
@@ -30,11 +44,14 @@ pub struct HttpServer {
 }
 
 impl HttpServer {
-    /// Binds every `--http-listen` address (none: nothing runs) and serves until `stop` turns
-    /// true. The listeners are bound here, so that a port in use fails the start.
+    /// Serves on the bound `--http-listen` listeners (none: nothing runs) until `stop` turns
+    /// true. A connection draws a permit from `budget` (`max_connections` of them, shared with
+    /// the gRPC port), and this port holds at most half of them.
     pub async fn bind<S: Store>(
         state: Arc<State<S>>,
         config: &Config,
+        listeners: Vec<TcpListener>,
+        (budget, max_connections): (Arc<Semaphore>, usize),
         stop: watch::Receiver<bool>,
     ) -> Result<HttpServer, crate::service::StartError> {
         let tls = config
@@ -48,30 +65,28 @@ impl HttpServer {
             })
             .transpose()
             .map_err(crate::service::StartError::Tls)?;
-        let mut listeners = Vec::with_capacity(config.http_listen.len());
-        let mut addrs = Vec::with_capacity(config.http_listen.len());
-        for addr in &config.http_listen {
+        let mut addrs = Vec::with_capacity(listeners.len());
+        for (listener, addr) in listeners.iter().zip(&config.http_listen) {
             let bind = |error| crate::service::StartError::Bind { addr: *addr, error };
-            let listener = TcpListener::bind(addr).await.map_err(bind)?;
             addrs.push(listener.local_addr().map_err(bind)?);
-            listeners.push(listener);
         }
         // The forward-auth door shares the listener: one HTTP port for the proxies' doors.
-        let router = super::router(state.clone(), tls.is_some()).merge(crate::service::forward_auth::routes(
-            state,
-            config.forward_auth.clone(),
-            config.ext_authz.clone(),
-        ));
+        let head_timeout = config.connections.handshake_timeout;
+        let router = super::router(state.clone(), tls.is_some())
+            .merge(crate::service::forward_auth::routes(
+                state,
+                config.forward_auth.clone(),
+                config.ext_authz.clone(),
+            ))
+            .layer(axum::middleware::from_fn_with_state(head_timeout, body_deadline));
         let door = Arc::new(Accepting {
             service: TowerToHyperService::new(router),
             tls,
-            permits: Arc::new(Semaphore::new(
-                config
-                    .connections
-                    .max_connections
-                    .unwrap_or(Connections::DEFAULT_MAX),
-            )),
-            head_timeout: config.connections.handshake_timeout,
+            budget,
+            share: Arc::new(Semaphore::new((max_connections / 2).max(1))),
+            head_timeout,
+            accept_errors: Throttle::default(),
+            refusals: Throttle::default(),
         });
         let task = tokio::spawn(serve(listeners, door, stop));
         Ok(HttpServer { addrs, task })
@@ -87,8 +102,22 @@ impl HttpServer {
 struct Accepting {
     service: TowerToHyperService<axum::Router>,
     tls: Option<TlsAcceptor>,
-    permits: Arc<Semaphore>,
+    /// The process's connection budget, shared with the gRPC port.
+    budget: Arc<Semaphore>,
+    /// This port's share of it: half.
+    share: Arc<Semaphore>,
     head_timeout: Duration,
+    accept_errors: Throttle,
+    refusals: Throttle,
+}
+
+impl Accepting {
+    /// A permit of this port's share and one of the budget, or `None`: the connection is closed.
+    fn admit(&self) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
+        let share = self.share.clone().try_acquire_owned().ok()?;
+        let budget = self.budget.clone().try_acquire_owned().ok()?;
+        Some((share, budget))
+    }
 }
 
 async fn serve(listeners: Vec<TcpListener>, door: Arc<Accepting>, stop: watch::Receiver<bool>) {
@@ -101,23 +130,46 @@ async fn serve(listeners: Vec<TcpListener>, door: Arc<Accepting>, stop: watch::R
 
 async fn accept(listener: TcpListener, door: Arc<Accepting>, mut stop: watch::Receiver<bool>) {
     let mut connections = JoinSet::new();
+    let mut pause = FIRST_PAUSE;
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             () = stopping(&mut stop) => break,
         };
         let stream = match accepted {
-            Ok((stream, _)) => stream,
+            Ok((stream, _)) => {
+                pause = FIRST_PAUSE;
+                stream
+            }
             Err(error) => {
-                // Out of descriptors and the like: wait a little rather than spin.
-                tracing::warn!(%error, "the AuthZEN listener cannot accept a connection");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                // Out of descriptors and the like: wait, longer each time, rather than spin.
+                if let Some(suppressed) = door.accept_errors.check() {
+                    tracing::warn!(
+                        %error,
+                        retry_in_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
+                        similar_since_last_warning = suppressed,
+                        "the HTTP listener cannot accept a connection; pausing before the next try"
+                    );
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = stopping(&mut stop) => break,
+                }
+                pause = (pause * 2).min(LONGEST_PAUSE);
                 continue;
             }
         };
         // Past the cap a connection is closed at once; the ones already open go on.
-        let Ok(permit) = door.permits.clone().try_acquire_owned() else {
+        let Some(permit) = door.admit() else {
             drop(stream);
+            crate::telemetry::metrics::metrics()
+                .connection_closed(crate::telemetry::metrics::CloseReason::MaxConnections);
+            if let Some(suppressed) = door.refusals.check() {
+                tracing::warn!(
+                    refused_since_last_warning = suppressed,
+                    "HTTP connection refused: this port holds half of `--max-connections` at most"
+                );
+            }
             continue;
         };
         let door = door.clone();
@@ -176,4 +228,70 @@ where
 /// Resolves once the server is told to stop (the watch's guard is not held past it).
 async fn stopping(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|stop| *stop).await;
+}
+
+/// Gives a request's body `within` from the moment its head was read to arrive in full: a body
+/// that is still coming then ends in [`BodyTimedOut`], which the doors answer `408`.
+async fn body_deadline(
+    axum::extract::State(within): axum::extract::State<Duration>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let request = request.map(|body| {
+        axum::body::Body::new(Deadline {
+            body,
+            deadline: Box::pin(tokio::time::sleep(within)),
+        })
+    });
+    next.run(request).await
+}
+
+/// A request body that must be read in full before its deadline.
+struct Deadline {
+    body: axum::body::Body,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl hyper::body::Body for Deadline {
+    type Data = axum::body::Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        use std::task::Poll;
+        match std::pin::Pin::new(&mut self.body).poll_frame(cx) {
+            Poll::Ready(frame) => Poll::Ready(frame.map(|frame| frame.map_err(Into::into))),
+            Poll::Pending => match std::future::Future::poll(self.deadline.as_mut(), cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimedOut)))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A request body that did not arrive within `--handshake-timeout` of its head.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive in time")]
+pub struct BodyTimedOut;
+
+/// Whether `error`, or an error it wraps, is a [`BodyTimedOut`].
+pub fn body_timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if error.is::<BodyTimedOut>() {
+            return true;
+        }
+        next = error.source();
+    }
+    false
 }

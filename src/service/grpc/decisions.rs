@@ -65,6 +65,7 @@ impl<S: Store> DecisionService for Decisions<S> {
             request_id: (!request_id.is_empty()).then_some(request_id.as_str()),
             door: Door::Capgate,
             retry_facts: Vec::new(),
+            replayable: pipeline::every_answer,
         };
         let encode: Remember = Arc::new(|answer: &Answer<'_>| response(answer).encode_to_vec());
         let replied = pipeline::decide(&self.state, &active, ask, target, &encode)
@@ -101,6 +102,7 @@ impl<S: Store> DecisionService for Decisions<S> {
             request_id: (!request_id.is_empty()).then_some(request_id.as_str()),
             door: Door::Capgate,
             retry_facts: Vec::new(),
+            replayable: pipeline::every_answer,
         };
         let listing = pipeline::list(&self.state, &active, ask)
             .await
@@ -238,7 +240,7 @@ fn response(answer: &Answer<'_>) -> DecideResponse {
         }),
         Verdict::UnknownTool(name) => decide_response::Result::UnknownTool(UnknownTool {
             name: name.clone(),
-            message: convert::unknown_tool_message(name),
+            message: convert::unknown_tool_message(name, answer.active.policy.tools.closest(name)),
         }),
         Verdict::Decided(decided) => decide_response::Result::Decision(convert::decision(
             &decided.decision,

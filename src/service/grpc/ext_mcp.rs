@@ -174,6 +174,7 @@ impl<S: Store> ExtMcp for ExtMcpDoor<S> {
             request_id,
             door: Door::ExtMcp,
             retry_facts: Vec::new(),
+            replayable: pipeline::every_answer,
         };
         let encode: Remember =
             Arc::new(|answer: &Answer<'_>| prost::Message::encode_to_vec(&checked(answer)));
@@ -242,6 +243,7 @@ impl<S: Store> ExtMcp for ExtMcpDoor<S> {
             request_id: None,
             door: Door::ExtMcp,
             retry_facts: Vec::new(),
+            replayable: pipeline::every_answer,
         };
         let listing = match pipeline::list(&self.state, &active, ask).await {
             Ok(listing) => listing,
@@ -498,10 +500,10 @@ impl Refused {
                 "capgate_unavailable",
                 message.clone(),
             ),
-            Refusal::RequestIdReused { request_id } => Refused::new(
+            Refusal::RequestIdReused { request_id, reuse } => Refused::new(
                 authorization_error::Code::Invalid,
                 "request_id_reused",
-                pipeline::reused("metadata_context.request_id", request_id),
+                pipeline::reused("metadata_context.request_id", request_id, *reuse),
             ),
         }
     }
@@ -602,7 +604,7 @@ fn checked(answer: &Answer<'_>) -> McpRequestResult {
         Verdict::UnknownTool(name) => Refused::new(
             authorization_error::Code::PermissionDenied,
             "unknown_tool",
-            format!("`{name}` is not a tool of the active policy's catalog"),
+            crate::wire::convert::unknown_tool_message(name, answer.active.policy.tools.closest(name)),
         ),
     };
     refusal

@@ -21,8 +21,8 @@ pub(super) fn status(refusal: Refusal) -> Status {
     match refusal {
         Refusal::PermissionDenied(message) => Status::permission_denied(message),
         Refusal::Unavailable(message) => Status::unavailable(message),
-        Refusal::RequestIdReused { request_id } => {
-            let message = crate::service::pipeline::reused("request_id", &request_id);
+        Refusal::RequestIdReused { request_id, reuse } => {
+            let message = crate::service::pipeline::reused("request_id", &request_id, reuse);
             Status::with_error_details(
                 Code::InvalidArgument,
                 message.clone(),

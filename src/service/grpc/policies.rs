@@ -20,7 +20,10 @@ use crate::store::{
 };
 use crate::telemetry::rpc::policy as traced;
 use capgate_core::access::{effective_diff, Ruleset, Side};
-use capgate_core::policy::{bounded, version_label, Bounds, CompiledPolicy, Diagnostic};
+use capgate_core::policy::{
+    bounded, version_label, Bounds, Code as DiagnosticCode, CompiledPolicy, Diagnostic, Document, Severity,
+};
+use capgate_core::principals::IssuerKind;
 
 use crate::clock::now as now_ms;
 use crate::service::active::{compile_text, Active, Compiled, RefreshError, ReturnFreedMemory};
@@ -47,6 +50,36 @@ fn list_limit(limit: u32) -> u32 {
     } else {
         limit.min(MAX_LIST)
     }
+}
+
+/// The service's own warnings about a version it compiled: each `static-key` issuer whose key this
+/// server cannot read (an unset `env://` variable, a missing file, a reference only a gateway
+/// resolves), since every key presented for it would then be `credential_invalid`. Read where
+/// the publish is answered, as every replica reads it; the key itself is never read into the
+/// answer.
+fn unreadable_secrets(policy: &CompiledPolicy, document: &Document) -> Vec<Diagnostic> {
+    policy
+        .issuers
+        .iter()
+        .filter(|issuer| issuer.kind == IssuerKind::StaticKey)
+        .filter_map(|issuer| {
+            let reference = issuer.secret_ref.as_deref()?;
+            let problem = crate::identity::read_reference(reference).err()?;
+            let path = format!("{}/secret/ref", issuer.path);
+            Some(Diagnostic {
+                severity: Severity::Warning,
+                code: DiagnosticCode::SecretUnreadable,
+                message: format!(
+                    "the key of the static-key issuer `{}` cannot be read on this server: {problem}; every \
+                     API key presented for it will be `credential_invalid` until it can",
+                    issuer.id
+                ),
+                position: document.resolve(&path),
+                path,
+                related: Vec::new(),
+            })
+        })
+        .collect()
 }
 
 /// What a publish's answer carries of its diagnostics: the first 100 of each code and 512 KiB of
@@ -206,6 +239,8 @@ impl<S: Store> PolicyService for Policies<S> {
                 ));
             }
         };
+        let mut diagnostics = diagnostics;
+        diagnostics.extend(unreadable_secrets(&policy, &document));
         let diagnostics = answered(diagnostics);
         let catalog_version = catalog_label(catalog.as_deref());
 

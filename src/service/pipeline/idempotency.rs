@@ -327,6 +327,7 @@ mod tests {
             request_id: Some("r-1"),
             door: Door::Capgate,
             retry_facts: Vec::new(),
+            replayable: super::super::every_answer,
         }
     }
 

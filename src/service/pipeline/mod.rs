@@ -53,6 +53,16 @@ pub struct Ask<'a> {
     /// else (docs/decisions/0027 §1). ext_authz: when Envoy received the request, and the
     /// JSON-RPC id its answer echoes. Empty on the other doors.
     pub retry_facts: Vec<(&'static str, String)>,
+    /// Whether a remembered answer (as the door encoded it) may be given to a retry:
+    /// [`every_answer`] on every door but forward-auth, which replays denials only
+    /// (docs/decisions/0029 §5).
+    pub replayable: fn(&[u8]) -> bool,
+}
+
+/// Every remembered answer may be given again: the gateway executes a call once, whatever number
+/// of times it asked.
+pub fn every_answer(_remembered: &[u8]) -> bool {
+    true
 }
 
 /// What the caller wants to do.
@@ -76,16 +86,32 @@ pub enum Refusal {
     Unavailable(String),
     /// The request's `request_id` belongs to another request (docs/decisions/0027): nothing was
     /// decided or consumed. A door words it with [`reused`], naming the field the id came in.
-    #[error("{}", reused("request_id", request_id))]
-    RequestIdReused { request_id: String },
+    #[error("{}", reused("request_id", request_id, *reuse))]
+    RequestIdReused { request_id: String, reuse: Reuse },
+}
+
+/// How a request id was reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reuse {
+    /// For another request: another caller, target or input.
+    OtherRequest,
+    /// For the same request, after an allow that the door does not give twice: a proxy that
+    /// forwards the request on every allow would run the call again, past its ceiling.
+    AllowGiven,
 }
 
 /// The words a reused request id is refused with, naming `field`, where the door read it.
-pub fn reused(field: &str, request_id: &str) -> String {
-    format!(
-        "`{field}` `{request_id}` was already used for another request (another caller, target or \
-         input): a retry must repeat its request exactly, and a new request needs a new id"
-    )
+pub fn reused(field: &str, request_id: &str, reuse: Reuse) -> String {
+    match reuse {
+        Reuse::OtherRequest => format!(
+            "`{field}` `{request_id}` was already used for another request (another caller, target or \
+             input): a retry must repeat its request exactly, and a new request needs a new id"
+        ),
+        Reuse::AllowGiven => format!(
+            "`{field}` `{request_id}` already let a request through: this door allows a request id \
+             once, so each request needs a new id"
+        ),
+    }
 }
 
 /// A decision, taken on the version `active` holds; it borrows from that version.
@@ -174,6 +200,13 @@ pub async fn decide<'a, S: Store>(
         Turn::Decide => decide_once(state, active, &ask, target, Some(&keyed), remember)
             .await
             .map(Replied::Fresh),
+        Turn::Replay(original) if !(ask.replayable)(&original.response) => {
+            reused_id(state, active, &ask, target, Some(original.decision_id)).await?;
+            Err(Refusal::RequestIdReused {
+                request_id: request_id.to_owned(),
+                reuse: Reuse::AllowGiven,
+            })
+        }
         Turn::Replay(original) => {
             let record =
                 record::Base::new(&ask, active, crate::clock::now()).replayed(target, &original.decision_id);
@@ -185,6 +218,7 @@ pub async fn decide<'a, S: Store>(
             reused_id(state, active, &ask, target, first).await?;
             Err(Refusal::RequestIdReused {
                 request_id: request_id.to_owned(),
+                reuse: Reuse::OtherRequest,
             })
         }
     }

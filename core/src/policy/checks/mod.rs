@@ -2,6 +2,7 @@
 //! holding its check, its doc and its tests. This module fixes the emission
 //! order, which is part of the contract.
 
+mod account_not_for_upstream;
 mod ambiguous_grant;
 mod attribute_not_declared;
 mod capability_not_realized;
@@ -117,7 +118,7 @@ pub(crate) fn run(declared: &Declared, catalog: Option<&Catalog>, findings: &mut
             .rev()
             .find(|issuer| issuer.id == grant.issuer)
         {
-            None => unknown_issuer_in_grant::check(findings, grant),
+            None => unknown_issuer_in_grant::check(findings, declared, grant),
             Some(issuer) => attribute_not_declared::check(findings, issuer, grant),
         }
         unknown_capability_in_grant::check(findings, declared, grant);
@@ -125,6 +126,8 @@ pub(crate) fn run(declared: &Declared, catalog: Option<&Catalog>, findings: &mut
     }
     // 11. Grants that could give one principal two accounts.
     ambiguous_grant::check(findings, &declared.grants);
+    // 11b. Accounts used for upstreams their `upstreams:` do not name (ours).
+    account_not_for_upstream::check(findings, declared);
     // 12, 13. Warnings that do not block compilation.
     capability_not_realized::check(findings, declared);
     unused_account::check(findings, declared);

@@ -4,6 +4,7 @@
 use super::Findings;
 use crate::capabilities::Catalog;
 use crate::policy::model::Declared;
+use crate::policy::suggest::did_you_mean;
 use crate::policy::Code;
 
 pub(super) fn check(findings: &mut Findings<'_>, declared: &Declared, catalog: &Catalog) {
@@ -13,8 +14,17 @@ pub(super) fn check(findings: &mut Findings<'_>, declared: &Declared, catalog: &
                 Code::ToolNotInCatalog,
                 format!("{}/name", mapping.path),
                 format!(
-                    "the declared catalog of `{}` has no tool `{}`",
-                    mapping.upstream, mapping.name
+                    "the declared catalog of `{}` has no tool `{}`{}",
+                    mapping.upstream,
+                    mapping.name,
+                    did_you_mean(
+                        &mapping.name,
+                        catalog
+                            .tools
+                            .iter()
+                            .filter(|tool| tool.upstream == mapping.upstream)
+                            .map(|tool| tool.name.as_str())
+                    )
                 ),
                 &[],
             );

@@ -3,6 +3,7 @@
 
 use super::Findings;
 use crate::policy::model::{Declared, RawGrant};
+use crate::policy::suggest::did_you_mean;
 use crate::policy::Code;
 
 pub(super) fn check(findings: &mut Findings<'_>, declared: &Declared, grant: &RawGrant) {
@@ -11,8 +12,9 @@ pub(super) fn check(findings: &mut Findings<'_>, declared: &Declared, grant: &Ra
             Code::UnknownAccountInGrant,
             format!("{}/using", grant.path),
             format!(
-                "the grant runs as the account `{}`, which is not declared",
-                grant.using
+                "the grant runs as the account `{}`, which is not declared{}",
+                grant.using,
+                did_you_mean(&grant.using, declared.accounts.iter().map(|a| a.id.as_str()))
             ),
             &[("/accounts", "declared accounts")],
         );

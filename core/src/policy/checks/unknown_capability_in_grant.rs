@@ -3,6 +3,7 @@
 
 use super::Findings;
 use crate::policy::model::{Declared, RawGrant};
+use crate::policy::suggest::did_you_mean;
 use crate::policy::Code;
 
 pub(super) fn check(findings: &mut Findings<'_>, declared: &Declared, grant: &RawGrant) {
@@ -11,7 +12,10 @@ pub(super) fn check(findings: &mut Findings<'_>, declared: &Declared, grant: &Ra
             findings.error(
                 Code::UnknownCapabilityInGrant,
                 format!("{}/capabilities/{index}", grant.path),
-                format!("the grant names the capability `{capability}`, which is not declared"),
+                format!(
+                    "the grant names the capability `{capability}`, which is not declared{}",
+                    did_you_mean(capability, declared.capabilities.iter().map(|c| c.id.as_str()))
+                ),
                 &[("/capabilities", "declared capabilities")],
             );
         }

@@ -4,6 +4,7 @@
 use super::Findings;
 use crate::capabilities::ToolMapping;
 use crate::policy::model::Declared;
+use crate::policy::suggest::did_you_mean;
 use crate::policy::Code;
 
 pub(super) fn check(findings: &mut Findings<'_>, declared: &Declared, tool: &ToolMapping) {
@@ -12,8 +13,13 @@ pub(super) fn check(findings: &mut Findings<'_>, declared: &Declared, tool: &Too
             Code::UnknownCapabilityInTool,
             format!("{}/capability", tool.path),
             format!(
-                "the tool `{}` is mapped to the capability `{}`, which is not declared",
-                tool.name, tool.capability
+                "the tool `{}` is mapped to the capability `{}`, which is not declared{}",
+                tool.name,
+                tool.capability,
+                did_you_mean(
+                    &tool.capability,
+                    declared.capabilities.iter().map(|c| c.id.as_str())
+                )
             ),
             &[],
         );

@@ -2,16 +2,19 @@
 //! declared. Its selector keys are then not checked.
 
 use super::Findings;
-use crate::policy::model::RawGrant;
+use crate::policy::model::{Declared, RawGrant};
+use crate::policy::suggest::did_you_mean;
 use crate::policy::Code;
 
-pub(super) fn check(findings: &mut Findings<'_>, grant: &RawGrant) {
+pub(super) fn check(findings: &mut Findings<'_>, declared: &Declared, grant: &RawGrant) {
+    let known = declared.issuers.iter().map(|issuer| issuer.id.as_str());
     findings.error(
         Code::UnknownIssuerInGrant,
         format!("{}/to/issuer", grant.path),
         format!(
-            "the grant selects the issuer `{}`, which is not declared",
-            grant.issuer
+            "the grant selects the issuer `{}`, which is not declared{}",
+            grant.issuer,
+            did_you_mean(&grant.issuer, known)
         ),
         &[("/principals/issuers", "declared issuers")],
     );
