@@ -14,7 +14,7 @@
 //! | the proxy's gateway token | `--forward-auth-token-header` (`x-capgate-gateway-token`), bare or `Bearer` |
 //! | MCP method | `mcp-method` (MCP 2026-07-28), `x-mcp-method` (Kuadrant) |
 //! | tool | `mcp-name`, `x-mcp-toolname`; without its `<server>__` prefix, the server from the path segment, else `--forward-auth-server-header` (`x-mcp-servername`) |
-//! | the original HTTP method | `x-forwarded-method` (Caddy, Traefik, nginx as configured), `x-original-method`; when both come they must agree |
+//! | the original HTTP method | `x-forwarded-method` (Caddy, Traefik, nginx as configured), `x-original-method`; a request carries no call only when every one of them that comes says so |
 //! | caller | `authorization: Bearer`, the API-key header (`--ext-authz-api-key-header`), a client certificate in `x-forwarded-client-cert` (XFCC or a DN), `x-forwarded-tls-client-cert` (Traefik) or `x-ssl-client-cert` (nginx's `$ssl_client_escaped_cert`): asserting gateways only |
 //! | `request_id` | `--forward-auth-request-id-header`, when set (none by default: a client's id is never taken) |
 //!
@@ -272,28 +272,20 @@ impl<'a> Subrequest<'a> {
         // Only a proxy that says so makes a request one that carries no call: some proxies send
         // every subrequest as a `GET`, whatever the original was.
         // Both headers may come: one set by the proxy, the other the client's own, passed on
-        // untouched. They must agree, or a client could name its `POST` a `GET`.
-        let mut original = None;
+        // untouched. Only when every one of them names a method that carries no call is the
+        // request one that carries none: a client cannot name its `POST` a `GET`.
+        let mut said = Vec::new();
         for name in ORIGINAL_METHOD {
-            let Some(said) = bounded(name, 16)? else {
-                continue;
-            };
-            match original {
-                Some((first_name, first)) if !said.eq_ignore_ascii_case(first) => {
-                    return Err(malformed(format!(
-                        "`{first_name}` says `{first}` and `{name}` says `{said}`: the original method is unclear"
-                    )));
-                }
-                Some(_) => {}
-                None => original = Some((name, said)),
+            if let Some(method) = bounded(name, 16)? {
+                said.push(method);
             }
         }
-        let may_call = !original.is_some_and(|(_, original)| {
+        let harmless = |method: &str| {
             ["GET", "HEAD", "DELETE", "OPTIONS"]
                 .iter()
-                .any(|harmless| original.eq_ignore_ascii_case(harmless))
-        });
-
+                .any(|harmless| method.eq_ignore_ascii_case(harmless))
+        };
+        let may_call = said.is_empty() || !said.iter().all(|method| harmless(method));
         let bearer = bounded(AUTHORIZATION, bounds::MAX_CREDENTIAL)?.and_then(bearer_token);
         let api_key = bounded(&methods.api_key_header, bounds::MAX_CREDENTIAL)?;
         let certificate = match bounded(CLIENT_CERT, bounds::MAX_CREDENTIAL)? {
