@@ -23,7 +23,14 @@ use regex::Regex;
 
 /// The crates the core may depend on: none of them reads a clock, a file, the environment or the
 /// network. Adding one is a design decision (docs/decisions/0012), taken there before it is made here.
-const PURE_DEPENDENCIES: &[&str] = &["saphyr-parser", "ryu-js", "fluent-uri", "sha2", "rustc-hash"];
+const PURE_DEPENDENCIES: &[&str] = &[
+    "saphyr-parser",
+    "ryu-js",
+    "fluent-uri",
+    "sha2",
+    "rustc-hash",
+    "strsim",
+];
 
 /// Every room may import the rooms listed with it and no other; lower rooms never import higher ones.
 /// `main.rs` is the process edge and may import anything; `lib.rs` only declares the rooms.

@@ -129,6 +129,11 @@ async fn stays_open(stream: &mut TcpStream, period: Duration) -> bool {
     }
 }
 
+/// How many lines the server logged that hold `text`.
+fn lines_logged(serve: &Serve, text: &str) -> usize {
+    serve.logs().lines().filter(|line| line.contains(text)).count()
+}
+
 /// The number the Prometheus endpoint gives `capgate_connections_closed_total{reason}`.
 async fn closed_count(serve: &Serve, reason: &str) -> f64 {
     let (status, text) = http_get(metrics_addr(serve), "/metrics").await;
@@ -790,11 +795,7 @@ async fn an_exhausted_open_file_limit_is_logged_and_waited_out_not_spun_on() {
         "{cpu:?} of CPU in 2 s of EMFILE"
     );
     decide_promptly(&channel, Duration::from_secs(1)).await;
-    let logged = serve
-        .logs()
-        .lines()
-        .filter(|line| line.contains("cannot accept a connection"))
-        .count();
+    let logged = lines_logged(&serve, "cannot accept a connection");
     assert!(
         (1..=3).contains(&logged),
         "the accept error was logged {logged} times (once, rate-limited, is right):\n{}",
@@ -1076,11 +1077,7 @@ async fn a_flood_of_slow_http_bodies_under_a_256_file_limit_leaves_the_grpc_port
         Some(HTTP_TOKEN),
     )
     .await;
-    let refused = serve
-        .logs()
-        .lines()
-        .filter(|line| line.contains("HTTP connection refused"))
-        .count();
+    let refused = lines_logged(&serve, "HTTP connection refused");
     assert!(
         (1..=3).contains(&refused),
         "the refusals were logged {refused} times (once, rate-limited, is right):\n{}",

@@ -225,19 +225,16 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
     config.check()?;
     // Every address first: a server that cannot listen (a port another one holds) changes
     // nothing in the store, not even the active version.
-    let bind = |addrs: &[std::net::SocketAddr]| {
-        let addrs = addrs.to_vec();
-        async move {
-            let mut listeners = Vec::with_capacity(addrs.len());
-            for addr in addrs {
-                let listener = TcpListener::bind(addr)
-                    .await
-                    .map_err(|error| StartError::Bind { addr, error })?;
-                listeners.push(listener);
-            }
-            Ok::<_, StartError>(listeners)
+    async fn bind(addrs: &[std::net::SocketAddr]) -> Result<Vec<TcpListener>, StartError> {
+        let mut listeners = Vec::with_capacity(addrs.len());
+        for &addr in addrs {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|error| StartError::Bind { addr, error })?;
+            listeners.push(listener);
         }
-    };
+        Ok(listeners)
+    }
     let listeners = bind(&config.listen).await?;
     let http_listeners = bind(&config.http_listen).await?;
     store.migrate().await?;

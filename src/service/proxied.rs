@@ -209,11 +209,7 @@ impl HttpAnswer {
             }
             Verdict::UnknownTool(name) => {
                 facts.extend([("outcome", text("unknown_tool")), ("code", text("unknown_tool"))]);
-                let hint = active
-                    .policy
-                    .tools
-                    .closest(name)
-                    .map_or_else(String::new, |found| format!(" (did you mean `{found}`?)"));
+                let hint = active.policy.tools.did_you_mean(name);
                 let message = format!("unknown tool `{name}`: not in the active catalog{hint}");
                 let body = error(RPC_UNKNOWN_TOOL, &message, "unknown_tool", "");
                 HttpAnswer::denied(

@@ -15,7 +15,7 @@ use capgate_core::access::{
     Allow, Change, ChangeKind, Decision, Limits, Reason, ReasonCode, Standing, Summary,
 };
 use capgate_core::accounts::AccountRef;
-use capgate_core::capabilities::{ToolDescriptor, Transport};
+use capgate_core::capabilities::{ToolDescriptor, ToolIndex, Transport};
 use capgate_core::policy::{Code, Diagnostic, Document, Position, Related, Severity};
 use capgate_core::principals::AuthProblem;
 
@@ -103,10 +103,10 @@ pub fn reason_code(code: ReasonCode) -> proto::ReasonCode {
     }
 }
 
-/// `UnknownTool.message`: one line naming the tool asked for, and the exposed name it most
-/// likely meant (`suggestion`).
-pub fn unknown_tool_message(name: &str, suggestion: Option<&str>) -> String {
-    let hint = suggestion.map_or_else(String::new, |found| format!(" (did you mean `{found}`?)"));
+/// `UnknownTool.message`: one line naming the tool asked for, and the exposed name of `tools`
+/// it most likely meant.
+pub fn unknown_tool_message(name: &str, tools: &ToolIndex) -> String {
+    let hint = tools.did_you_mean(name);
     format!(
         "no tool `{name}` is exposed: it is not in the active catalog, or not mapped to a capability{hint}"
     )

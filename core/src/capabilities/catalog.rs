@@ -138,6 +138,11 @@ impl ToolIndex {
         })
     }
 
+    /// " (did you mean `x`?)" for [`ToolIndex::closest`], or nothing.
+    pub fn did_you_mean(&self, exposed: &str) -> String {
+        crate::policy::suggest::hint(self.closest(exposed))
+    }
+
     /// The tools realising any of the given capabilities, in catalog order.
     pub fn realizing<'a>(
         &'a self,

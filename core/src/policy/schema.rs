@@ -96,12 +96,24 @@ struct Shape {
 
 impl Validator {
     fn report(&mut self, path: &str, keyword: &'static str, key: Option<&str>, message: impl Into<String>) {
+        self.report_at(path, keyword, key, message.into(), None);
+    }
+
+    /// As [`Validator::report`], pointing at `at` rather than where `path` resolves.
+    fn report_at(
+        &mut self,
+        path: &str,
+        keyword: &'static str,
+        key: Option<&str>,
+        message: String,
+        at: Option<Position>,
+    ) {
         self.found.push(Violation {
             path: path.to_owned(),
             keyword,
             key: key.map(str::to_owned),
-            message: message.into(),
-            at: None,
+            message,
+            at,
         });
     }
 
@@ -132,7 +144,7 @@ impl Validator {
                 Some((name, check)) => check(self, value, &child(path, name)),
                 None => {
                     let known = shape.properties.iter().map(|(name, _)| *name);
-                    self.report(
+                    self.report_at(
                         path,
                         "additionalProperties",
                         Some(&entry.key),
@@ -141,10 +153,8 @@ impl Validator {
                             entry.key,
                             suggest::did_you_mean(&entry.key, known)
                         ),
+                        entry.key_position,
                     );
-                    if let Some(violation) = self.found.last_mut() {
-                        violation.at = entry.key_position;
-                    }
                 }
             }
         }

@@ -3,13 +3,11 @@
 //!
 //! Close enough is an edit distance (insertions, deletions, substitutions, and the swap of two
 //! neighbours) of at most 1 for names of up to 4 characters, 2 up to 9, 3 beyond; the nearest
-//! wins, the first given on a tie. The work per candidate is bounded by the distance allowed, so
-//! a name looked up among ten thousand costs a few microseconds each.
+//! wins, the first given on a tie. A candidate whose length alone puts it too far is not compared.
 
 /// The candidate a human most likely meant by `wanted`, if any is close enough.
 pub fn closest<'a>(wanted: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
-    let wanted: Vec<char> = wanted.chars().collect();
-    let limit = match wanted.len() {
+    let limit = match wanted.chars().count() {
         0..=4 => 1,
         5..=9 => 2,
         _ => 3,
@@ -17,7 +15,7 @@ pub fn closest<'a>(wanted: &str, candidates: impl IntoIterator<Item = &'a str>) 
     let mut best: Option<(usize, &'a str)> = None;
     for candidate in candidates {
         let allowed = best.map_or(limit, |(distance, _)| distance.saturating_sub(1));
-        if let Some(distance) = distance_within(&wanted, candidate, allowed) {
+        if let Some(distance) = distance_within(wanted, candidate, allowed) {
             if distance > 0 && best.is_none_or(|(found, _)| distance < found) {
                 best = Some((distance, candidate));
             }
@@ -26,43 +24,22 @@ pub fn closest<'a>(wanted: &str, candidates: impl IntoIterator<Item = &'a str>) 
     best.map(|(_, candidate)| candidate)
 }
 
-/// " (did you mean `x`?)", or nothing.
+/// " (did you mean `x`?)" for the closest candidate, or nothing.
 pub fn did_you_mean<'a>(wanted: &str, candidates: impl IntoIterator<Item = &'a str>) -> String {
-    closest(wanted, candidates).map_or_else(String::new, |found| format!(" (did you mean `{found}`?)"))
+    hint(closest(wanted, candidates))
+}
+
+/// " (did you mean `x`?)" for a name found, or nothing: the words every message appends.
+pub fn hint(found: Option<&str>) -> String {
+    found.map_or_else(String::new, |found| format!(" (did you mean `{found}`?)"))
 }
 
 /// The optimal-string-alignment distance between `a` and `b` if it is at most `limit`.
-fn distance_within(a: &[char], b: &str, limit: usize) -> Option<usize> {
-    let b: Vec<char> = b.chars().collect();
-    if a.len().abs_diff(b.len()) > limit {
+fn distance_within(a: &str, b: &str, limit: usize) -> Option<usize> {
+    if a.chars().count().abs_diff(b.chars().count()) > limit {
         return None;
     }
-    // Three rows of the classic table: two back (for a swap), one back, this one.
-    let width = b.len() + 1;
-    let mut before: Vec<usize> = vec![usize::MAX / 2; width];
-    let mut previous: Vec<usize> = (0..width).collect();
-    let mut current = vec![0; width];
-    for i in 1..=a.len() {
-        current[0] = i;
-        let mut row_min = current[0];
-        for j in 1..width {
-            let substitution = usize::from(a[i - 1] != b[j - 1]);
-            let mut cell = (previous[j] + 1)
-                .min(current[j - 1] + 1)
-                .min(previous[j - 1] + substitution);
-            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
-                cell = cell.min(before[j - 2] + 1);
-            }
-            current[j] = cell;
-            row_min = row_min.min(cell);
-        }
-        if row_min > limit {
-            return None;
-        }
-        std::mem::swap(&mut before, &mut previous);
-        std::mem::swap(&mut previous, &mut current);
-    }
-    let distance = previous[b.len()];
+    let distance = strsim::osa_distance(a, b);
     (distance <= limit).then_some(distance)
 }
 
@@ -110,11 +87,11 @@ mod tests {
 
     #[test]
     fn distances_are_the_usual_ones() {
-        let d = |a: &str, b: &str| distance_within(&a.chars().collect::<Vec<_>>(), b, 10);
+        let d = |a: &str, b: &str| distance_within(a, b, 10);
         assert_eq!(d("kitten", "sitting"), Some(3));
         assert_eq!(d("ab", "ba"), Some(1));
         assert_eq!(d("", "abc"), Some(3));
         assert_eq!(d("same", "same"), Some(0));
-        assert_eq!(distance_within(&['a'; 20], &"b".repeat(20), 3), None);
+        assert_eq!(distance_within(&"a".repeat(20), &"b".repeat(20), 3), None);
     }
 }

@@ -445,7 +445,7 @@ fn decision_object(answer: &Answer<'_>) -> Value {
         Verdict::UnknownTool(name) => {
             context.insert(
                 "reason".into(),
-                json!({"code": "unknown_tool", "message": crate::wire::convert::unknown_tool_message(name, active.policy.tools.closest(name))}),
+                json!({"code": "unknown_tool", "message": crate::wire::convert::unknown_tool_message(name, &active.policy.tools)}),
             );
             false
         }

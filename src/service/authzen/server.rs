@@ -167,7 +167,7 @@ async fn accept(listener: TcpListener, door: Arc<Accepting>, mut stop: watch::Re
             if let Some(suppressed) = door.refusals.check() {
                 tracing::warn!(
                     refused_since_last_warning = suppressed,
-                    "HTTP connection refused: this port holds half of `--max-connections` at most"
+                    "HTTP connection refused: `--max-connections` reached, or this port's half of it"
                 );
             }
             continue;
@@ -188,7 +188,7 @@ async fn accept(listener: TcpListener, door: Arc<Accepting>, mut stop: watch::Re
     .await
     .is_err()
     {
-        tracing::warn!("AuthZEN connections still open after the drain; closing them");
+        tracing::warn!("HTTP connections still open after the drain; closing them");
     }
 }
 

@@ -240,7 +240,7 @@ fn response(answer: &Answer<'_>) -> DecideResponse {
         }),
         Verdict::UnknownTool(name) => decide_response::Result::UnknownTool(UnknownTool {
             name: name.clone(),
-            message: convert::unknown_tool_message(name, answer.active.policy.tools.closest(name)),
+            message: convert::unknown_tool_message(name, &answer.active.policy.tools),
         }),
         Verdict::Decided(decided) => decide_response::Result::Decision(convert::decision(
             &decided.decision,

@@ -604,7 +604,7 @@ fn checked(answer: &Answer<'_>) -> McpRequestResult {
         Verdict::UnknownTool(name) => Refused::new(
             authorization_error::Code::PermissionDenied,
             "unknown_tool",
-            crate::wire::convert::unknown_tool_message(name, answer.active.policy.tools.closest(name)),
+            crate::wire::convert::unknown_tool_message(name, &answer.active.policy.tools),
         ),
     };
     refusal
