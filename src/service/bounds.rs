@@ -30,6 +30,7 @@
 //! | ext_authz: `authorization`, the API-key header, `x-forwarded-client-cert`, `source.principal` | 16 KiB (as a credential) |
 //! | ext_authz: `x-request-id` | 128 bytes (as `request_id`) |
 //! | ext_authz: the forwarded JSON-RPC body | 1 MiB |
+//! | ext_authz: `request.http.headers` (or `header_map`) | 1024 headers |
 
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
@@ -56,6 +57,10 @@ pub const MAX_PRINCIPAL_ID: usize = MAX_ISSUER + 1 + MAX_SUBJECT;
 /// The largest JSON-RPC body the ext_authz door parses (Envoy's `max_request_bytes` should not
 /// exceed it): a `tools/call` with its arguments.
 pub const MAX_EXT_AUTHZ_BODY: usize = 1024 * 1024;
+/// The most headers the ext_authz door takes in one forwarded request. Envoy forwards at most
+/// `max_headers_count` of them, 100 unless configured otherwise, so this leaves ten times that;
+/// a request with more is refused before any of them is read.
+pub const MAX_EXT_AUTHZ_HEADERS: usize = 1024;
 /// The largest encoded request: an artifact and a catalog at their limits,
 /// plus room for the rest.
 pub const MAX_MESSAGE_BYTES: usize = MAX_ARTIFACT + MAX_CATALOG + 64 * 1024;

@@ -188,6 +188,9 @@ impl<'a> Forwarded<'a> {
         let http = attributes.and_then(|attributes| attributes.request.as_ref()?.http.as_ref());
         let headers = Headers::of(http);
         let mut fields = Fields;
+        // Counted before any header is read: a request with more headers than a gateway forwards
+        // is refused whole, whatever it holds.
+        fields.headers(headers.field(), headers.len())?;
 
         let body = Body::read(http, &headers, &mut fields)?;
         let metadata =
@@ -376,6 +379,22 @@ impl<'a> Headers<'a> {
         }
     }
 
+    /// The field the headers came in, as a refusal names it.
+    fn field(&self) -> &'static str {
+        match self {
+            Headers::Raw(_) => "request.http.header_map",
+            Headers::Map(_) | Headers::None => "request.http.headers",
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Headers::Map(map) => map.len(),
+            Headers::Raw(raw) => raw.len(),
+            Headers::None => 0,
+        }
+    }
+
     /// A header's value; an empty one counts as absent. A raw value that is not UTF-8 is absent
     /// too: no header the door reads can be binary.
     fn get(&self, name: &str) -> Option<&'a str> {
@@ -536,6 +555,22 @@ impl Fields {
 
     fn credential(&mut self, field: &str, value: &str) -> Result<(), Rejected> {
         self.text(field, value, bounds::MAX_CREDENTIAL)
+    }
+
+    fn headers(&mut self, field: &str, count: usize) -> Result<(), Rejected> {
+        if count > bounds::MAX_EXT_AUTHZ_HEADERS {
+            return Err(Rejected::new(
+                HttpCode::RequestHeaderFieldsTooLarge,
+                Code::InvalidArgument,
+                RPC_INVALID_REQUEST,
+                format!(
+                    "`{field}`: {count} headers, more than the limit of {}",
+                    bounds::MAX_EXT_AUTHZ_HEADERS
+                ),
+                &Value::Null,
+            ));
+        }
+        Ok(())
     }
 
     fn body(&mut self, length: usize) -> Result<(), Rejected> {
