@@ -903,3 +903,185 @@ fn an_open_port_off_loopback_is_refused() {
         "{stderr}"
     );
 }
+
+/// Writes `request` to the AuthZEN port on a connection of its own and reads the answer to the
+/// end: (status, content-type, the body as JSON, the whole answer as text).
+async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> (u16, String, Value, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    // The server may answer and close before it has read everything: a reset then is fine.
+    let _ = stream.write_all(request).await;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(read) => answer.extend_from_slice(&chunk[..read]),
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the answer did not end");
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let content_type = head
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("content-type")
+                .then(|| value.trim().to_owned())
+        })
+        .unwrap_or_default();
+    let body = serde_json::from_str(body).unwrap_or(Value::Null);
+    (status, content_type, body, text)
+}
+
+/// Issue 28: every answer of the port that is not a decision carries the door's JSON error body,
+/// those hyper writes itself for a head it cannot parse too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_before_the_router_carry_the_json_error_body() {
+    let world = World::start(Some((&example_with_ceiling(10), true)), &[]).await;
+
+    // The router's: a route asked with a method it does not serve.
+    let (status, headers, body) = world.call("GET", EVALUATION, &[], Vec::new()).await;
+    assert_eq!(status, 405, "{body}");
+    assert_eq!(headers.get("content-type").unwrap(), "application/json");
+    assert_eq!(headers.get("allow").unwrap(), "POST");
+    assert_eq!(body["error"]["status"], json!(405));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("`GET` is not served at `/access/v1/evaluation`"),
+        "{body}"
+    );
+
+    let long_target = format!("GET /{} HTTP/1.1\r\nhost: pdp\r\n\r\n", "a".repeat(70 * 1024));
+    let many_fields = format!(
+        "GET /healthz HTTP/1.1\r\nhost: pdp\r\n{}\r\n",
+        (0..101)
+            .map(|index| format!("x-field-{index}: v\r\n"))
+            .collect::<String>()
+    );
+    let large_head = format!(
+        "GET /healthz HTTP/1.1\r\nhost: pdp\r\n{}\r\n",
+        (0..40)
+            .map(|index| format!("x-field-{index}: {}\r\n", "v".repeat(4000)))
+            .collect::<String>()
+    );
+    for (request, status, words) in [
+        (
+            "GET / HTTP/1.1\r\nbad header\r\n\r\n".to_owned(),
+            400,
+            "not HTTP/1.1",
+        ),
+        ("\x01\x02 nonsense\r\n\r\n".to_owned(), 400, "not HTTP/1.1"),
+        (long_target, 414, "longer than 65534 bytes"),
+        (many_fields, 431, "at most 100 header fields and 128 KiB"),
+        (large_head, 431, "at most 100 header fields and 128 KiB"),
+    ] {
+        let (seen, content_type, body, text) = raw_exchange(world.http, request.as_bytes()).await;
+        assert_eq!(seen, status, "{text}");
+        assert_eq!(content_type, "application/json", "{text}");
+        assert_eq!(body["error"]["status"], json!(status), "{text}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(words),
+            "{text}"
+        );
+    }
+
+    // After answers of the router on a kept-alive connection, hyper's answer still gets its body.
+    let after = "GET /healthz HTTP/1.1\r\nhost: pdp\r\n\r\nHEAD /healthz HTTP/1.1\r\nhost: pdp\r\n\r\n\
+                 GET /nowhere HTTP/1.1\r\nhost: pdp\r\n\r\nGET / HTTP/1.1\r\nbad header\r\n\r\n";
+    let (_, _, _, text) = raw_exchange(world.http, after.as_bytes()).await;
+    assert_eq!(text.matches("HTTP/1.1 200 OK").count(), 2, "{text}");
+    assert!(text.contains("HTTP/1.1 404 Not Found"), "{text}");
+    let (_, last) = text.rsplit_once("HTTP/1.1 ").expect("answers");
+    assert!(last.starts_with("400 Bad Request"), "{text}");
+    assert!(
+        last.ends_with(r#"{"error":{"status":400,"message":"the request is not HTTP/1.1: its request line or a header field is malformed"}}"#),
+        "{text}"
+    );
+}
+
+/// Issue 28: the metadata's URLs come from `--http-public-url`, else from the address the
+/// connection reached; never from the client's `Host` header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metadata_is_under_the_public_url_never_the_clients_host() {
+    let metadata = "/.well-known/authzen-configuration";
+    let world = World::start(None, &[]).await;
+    let (status, _, body) = world
+        .call("GET", metadata, &[("host", "attacker.example")], Vec::new())
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let base = format!("http://{}", world.http);
+    assert_eq!(body["policy_decision_point"], json!(base));
+    assert_eq!(
+        body["access_evaluation_endpoint"],
+        json!(format!("{base}/access/v1/evaluation"))
+    );
+    assert!(!body.to_string().contains("attacker"), "{body}");
+    // No `Host` at all (HTTP/1.0): the same.
+    let (status, _, body, text) =
+        raw_exchange(world.http, format!("GET {metadata} HTTP/1.0\r\n\r\n").as_bytes()).await;
+    assert_eq!(
+        (status, body["policy_decision_point"].clone()),
+        (200, json!(base)),
+        "{text}"
+    );
+
+    let world = World::start(None, &["--http-public-url", "https://pdp.example.net/authz/"]).await;
+    let (status, _, body) = world
+        .call("GET", metadata, &[("host", "attacker.example")], Vec::new())
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["policy_decision_point"],
+        json!("https://pdp.example.net/authz")
+    );
+    assert_eq!(
+        body["search_subject_endpoint"],
+        json!("https://pdp.example.net/authz/access/v1/search/subject")
+    );
+}
+
+/// A public URL that is not one stops the start, naming the flag.
+#[test]
+fn a_public_url_that_is_not_one_is_refused() {
+    for (url, words) in [
+        ("pdp.example.net", "must start with `https://` or `http://`"),
+        ("https://", "must name a host"),
+        (
+            "https://user@pdp.example.net",
+            "must hold no user, query, fragment or whitespace",
+        ),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_capgate"))
+            .args([
+                "serve",
+                "--database-url",
+                "sqlite::memory:",
+                "--http-listen",
+                "127.0.0.1:0",
+                "--http-public-url",
+                url,
+            ])
+            .output()
+            .expect("run capgate serve");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{url}: {stderr}");
+        assert!(
+            stderr.contains(&format!("`--http-public-url {url}`: {words}")),
+            "{url}: {stderr}"
+        );
+    }
+}

@@ -54,6 +54,16 @@ pub struct Args {
         value_delimiter = ','
     )]
     pub http_listen: Vec<SocketAddr>,
+    /// The base URL gateways reach `--http-listen` at (`https://pdp.example.net`, a path
+    /// allowed): the AuthZEN metadata's endpoints are under it. Without it, they are under the
+    /// address a connection was accepted on, never under the client's `Host` header.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "CAPGATE_HTTP_PUBLIC_URL",
+        hide_env_values = true
+    )]
+    pub http_public_url: Option<String>,
     #[command(flatten)]
     pub database: Database,
     /// Publish this artifact at start-up when it differs from the active version.
@@ -332,6 +342,7 @@ fn config(args: &Args, policy: Option<PolicyFile>) -> Result<Config, Failure> {
     let usage = |error: ConfigError| Failure::Usage(error.to_string());
     let mut config = Config::new(args.listen.clone());
     config.http_listen = args.http_listen.clone();
+    config.http_public_url = args.http_public_url.clone();
     config.policy = policy;
     config.store_timeout = args.store_timeout;
     config.poll_interval = args.poll_interval;

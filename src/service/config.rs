@@ -20,6 +20,9 @@ pub struct Config {
     /// `--http-listen`: where the AuthZEN HTTP/JSON door listens; empty, it is off
     /// (docs/decisions/0018). The same tokens, TLS and loopback rule as `listen`.
     pub http_listen: Vec<SocketAddr>,
+    /// `--http-public-url`: the base URL of the AuthZEN metadata's endpoints;
+    /// without it, the address a connection was accepted on (docs/decisions/0032).
+    pub http_public_url: Option<String>,
     /// `--policy FILE [--catalog F]`: published at start-up if it differs from
     /// the active version.
     pub policy: Option<PolicyFile>,
@@ -123,6 +126,7 @@ impl Config {
         Config {
             listen,
             http_listen: Vec::new(),
+            http_public_url: None,
             policy: None,
             store_timeout: Duration::from_millis(500),
             audit_timeout: Duration::from_millis(1000),
@@ -183,6 +187,13 @@ impl Config {
         if let Some(pair) = names.windows(2).find(|pair| pair[0] == pair[1]) {
             return Err(ConfigError::DuplicateTokenName(pair[0].to_owned()));
         }
+        if let Some(url) = &self.http_public_url {
+            if let Some(problem) = public_url_problem(url) {
+                return Err(ConfigError::Invalid(format!(
+                    "`--http-public-url {url}`: {problem}"
+                )));
+            }
+        }
         if self.audit_batch == 0 {
             return Err(ConfigError::Invalid(
                 "--audit-batch must be at least 1".to_owned(),
@@ -195,6 +206,25 @@ impl Config {
         }
         self.connections.check()
     }
+}
+
+/// Why `url` cannot be the AuthZEN metadata's base URL, if it cannot: it must be `http://` or
+/// `https://`, name a host, and carry no user, query, fragment or whitespace.
+fn public_url_problem(url: &str) -> Option<&'static str> {
+    let Some(rest) = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+    else {
+        return Some("must start with `https://` or `http://`");
+    };
+    let host = rest.split('/').next().unwrap_or_default();
+    if host.is_empty() || host.starts_with(':') {
+        return Some("must name a host");
+    }
+    if url.contains(['?', '#', '@']) || url.chars().any(char::is_whitespace) {
+        return Some("must hold no user, query, fragment or whitespace");
+    }
+    None
 }
 
 impl Connections {

@@ -10,14 +10,21 @@
 //! | `GET /.well-known/authzen-configuration` | the PDP metadata: which of the above are served |
 //! | `GET /healthz`, `GET /readyz` | alive; ready once a policy version is active |
 //!
+//! The metadata's URLs are under `--http-public-url`, else under the address the connection was
+//! accepted on: never under the client's `Host` header, which anyone can set
+//! (docs/decisions/0032).
+//!
 //! Every POST authenticates the gateway as the gRPC port does (`authorization: Bearer <gateway
 //! token>`), bounds the body ([`mapping::MAX_BODY`], [`mapping::MAX_DEPTH`]) and each field
 //! (`bounds.rs`), reads the request into an `Ask` and a `Target` (`mapping.rs`) and answers with
 //! the pipeline's answer: the decision's reason, pointer, account and ceiling in `context`. An
 //! error is `{"error": {"status", "message"}}` with the HTTP status: 400 for a request that is
 //! not one, 401 for a gateway that did not authenticate, 403 for one that may not ask this way,
-//! 413 for an oversize body, 503 when no answer can be given now.
+//! 413 for an oversize body, 503 when no answer can be given now. So is every other answer of
+//! the port that is not a decision: 404, 405, and what hyper answers by itself to a request head
+//! it cannot parse, 400, 414 and 431 (`head_errors.rs`).
 
+mod head_errors;
 mod mapping;
 mod server;
 mod subjects;
@@ -52,9 +59,15 @@ const EVALUATIONS: &str = "POST /access/v1/evaluations";
 const SEARCH_RESOURCE: &str = "POST /access/v1/search/resource";
 const SEARCH_SUBJECT: &str = "POST /access/v1/search/subject";
 
-/// The router over the shared state; `tls` says which scheme the metadata's URLs take.
-fn router<S: Store>(state: Arc<State<S>>, tls: bool) -> Router {
-    let door = Arc::new(Served { state, tls });
+/// The router over the shared state; `tls` says which scheme the metadata's URLs take when no
+/// `public_url` is configured.
+fn router<S: Store>(state: Arc<State<S>>, tls: bool, public_url: Option<String>) -> Router {
+    let door = Arc::new(Served {
+        state,
+        tls,
+        // Checked to name a host (`Config::check`), so only a path's slashes go.
+        public_url: public_url.map(|url| url.trim_end_matches('/').to_owned()),
+    });
     Router::new()
         .route("/access/v1/evaluation", post(evaluation::<S>))
         .route("/access/v1/evaluations", post(evaluations::<S>))
@@ -64,13 +77,16 @@ fn router<S: Store>(state: Arc<State<S>>, tls: bool) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz::<S>))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(door)
 }
 
-/// What the handlers share: the service's state and whether the listener speaks TLS.
+/// What the handlers share: the service's state, whether the listener speaks TLS, and
+/// `--http-public-url`.
 struct Served<S: Store> {
     state: Arc<State<S>>,
     tls: bool,
+    public_url: Option<String>,
 }
 
 /// A failed request: the spec's error body with its status.
@@ -92,10 +108,7 @@ impl IntoResponse for Failed {
     fn into_response(self) -> Response {
         let Problem { status, message } = self.problem;
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut response = json_response(
-            status,
-            &json!({"error": {"status": status.as_u16(), "message": message}}),
-        );
+        let mut response = json_response(status, &error_body(status.as_u16(), &message));
         if status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()
@@ -112,6 +125,11 @@ impl IntoResponse for Failed {
         }
         response
     }
+}
+
+/// The error body of every answer of the port that is not a decision.
+fn error_body(status: u16, message: &str) -> Value {
+    json!({"error": {"status": status, "message": message}})
 }
 
 fn json_response(status: StatusCode, body: &Value) -> Response {
@@ -628,21 +646,25 @@ async fn who_can<S: Store>(state: &State<S>, headers: &HeaderMap, body: Body) ->
 }
 
 /// The PDP metadata (spec §"Policy Decision Point Metadata"): the endpoints this door serves,
-/// under the base URL the PEP reached it at. It holds nothing secret, so it needs no token.
-async fn configuration<S: Store>(Shared(door): Shared<Arc<Served<S>>>, headers: HeaderMap) -> Response {
+/// under `--http-public-url`, else under the address the connection was accepted on; never
+/// under the request's `Host`, which the client chooses (docs/decisions/0032). It holds nothing
+/// secret, so it needs no token.
+async fn configuration<S: Store>(
+    Shared(door): Shared<Arc<Served<S>>>,
+    accepted_on: Option<axum::Extension<head_errors::AcceptedOn>>,
+) -> Response {
     let scheme = if door.tls { "https" } else { "http" };
-    let Some(host) = headers
-        .get(header::HOST)
-        .and_then(|host| host.to_str().ok())
-        .filter(|host| !host.is_empty() && !host.contains(['/', '?', '#', '@']))
-    else {
-        return Failed::from(Problem::bad_request(
-            "host",
-            "required: the PDP's base URL is built from it",
-        ))
-        .into_response();
+    let base = match (&door.public_url, accepted_on) {
+        (Some(url), _) => url.clone(),
+        (None, Some(axum::Extension(head_errors::AcceptedOn(addr)))) => format!("{scheme}://{addr}"),
+        (None, None) => {
+            return Failed::from(Problem {
+                status: 503,
+                message: "the PDP's base URL is unknown: set `--http-public-url`".to_owned(),
+            })
+            .into_response()
+        }
     };
-    let base = format!("{scheme}://{host}");
     json_response(
         StatusCode::OK,
         &json!({
@@ -672,6 +694,18 @@ async fn readyz<S: Store>(Shared(door): Shared<Arc<Served<S>>>) -> Response {
             &json!({"status": "not ready", "message": "no policy version is active: publish one first"}),
         ),
     }
+}
+
+/// A route that exists, asked with another method (axum keeps the `Allow` header).
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    Failed::from(Problem {
+        status: 405,
+        message: format!(
+            "`{method}` is not served at `{}`; see the `Allow` header",
+            uri.path()
+        ),
+    })
+    .into_response()
 }
 
 async fn not_found() -> Response {

@@ -11,6 +11,9 @@
 //! * a request's head must arrive within `--handshake-timeout` (TLS handshake included), its body
 //!   within as long again (`408`, the connection closed: the doors' handlers), and a kept-alive
 //!   connection with no request is closed after `--handshake-timeout` as well;
+//! * a request head has at most [`MAX_HEAD_FIELDS`] fields and [`MAX_HEAD_BYTES`]; hyper's own
+//!   answer to one it cannot parse (`400`, `414`, `431`) is given the door's JSON error body
+//!   (`head_errors.rs`);
 //! * an `accept` that fails (out of descriptors) is retried after a pause that doubles up to a
 //!   second, and logged at most every ten seconds.
 
@@ -25,6 +28,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
+use super::head_errors::{Answering, Ledger, Watched, MAX_HEAD_BYTES, MAX_HEAD_FIELDS};
 use crate::service::config::Config;
 use crate::service::connections::{tls_config, Throttle};
 use crate::service::State;
@@ -72,7 +76,7 @@ impl HttpServer {
         }
         // The forward-auth door shares the listener: one HTTP port for the proxies' doors.
         let head_timeout = config.connections.handshake_timeout;
-        let router = super::router(state.clone(), tls.is_some())
+        let router = super::router(state.clone(), tls.is_some(), config.http_public_url.clone())
             .merge(crate::service::forward_auth::routes(
                 state,
                 config.forward_auth.clone(),
@@ -193,24 +197,39 @@ async fn accept(listener: TcpListener, door: Arc<Accepting>, mut stop: watch::Re
 }
 
 async fn connection(stream: tokio::net::TcpStream, door: &Accepting, stop: watch::Receiver<bool>) {
+    let Ok(accepted_on) = stream.local_addr() else {
+        return;
+    };
+    let ledger = Arc::new(Ledger::default());
+    let service = Watched {
+        inner: door.service.clone(),
+        ledger: ledger.clone(),
+        accepted_on,
+    };
     match &door.tls {
-        None => http1(TokioIo::new(stream), door, stop).await,
+        None => http1(TokioIo::new(Answering::new(stream, ledger)), service, door, stop).await,
         Some(tls) => match tokio::time::timeout(door.head_timeout, tls.accept(stream)).await {
-            Ok(Ok(stream)) => http1(TokioIo::new(stream), door, stop).await,
+            Ok(Ok(stream)) => http1(TokioIo::new(Answering::new(stream, ledger)), service, door, stop).await,
             Ok(Err(error)) => tracing::debug!(%error, "an AuthZEN TLS handshake failed"),
             Err(_) => tracing::debug!("an AuthZEN TLS handshake took too long"),
         },
     }
 }
 
-async fn http1<I>(io: I, door: &Accepting, mut stop: watch::Receiver<bool>)
-where
+async fn http1<I>(
+    io: I,
+    service: Watched<TowerToHyperService<axum::Router>>,
+    door: &Accepting,
+    mut stop: watch::Receiver<bool>,
+) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let served = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(door.head_timeout)
-        .serve_connection(io, door.service.clone());
+        .max_headers(MAX_HEAD_FIELDS)
+        .max_header_size(MAX_HEAD_BYTES)
+        .serve_connection(io, service);
     tokio::pin!(served);
     let result = tokio::select! {
         result = served.as_mut() => result,
