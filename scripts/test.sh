@@ -3,7 +3,8 @@
 # core built on its own, every test of the workspace, and the reference gateways' suites. It
 # prepares what a fresh Debian 12 machine with a rustup toolchain lacks (a C compiler, Python's
 # venv, openssl, Node.js 20 and npm, PostgreSQL; then uv and the npm and PyPI packages of
-# gateways/), and its output ends with the test runner's summary line.
+# gateways/), and its output ends with the test runner's summary line. The PostgreSQL store suite
+# also runs through PgBouncer (scripts/pgbouncer.sh), in transaction and in session mode.
 #
 #   scripts/test.sh             prepare, then check everything
 #   scripts/test.sh --prepare   only install what is missing
@@ -206,6 +207,22 @@ else
     step "cargo test --workspace --doc"
     cargo test --workspace --doc
 fi
+
+# The PostgreSQL half of the store suite again, through Debian's PgBouncer: in transaction mode,
+# where a server session is lent for one transaction (`pooler=transaction`), and in session mode
+# (docs/decisions/0033-behind-a-pooler-and-a-failover.md). scripts/pgbouncer.sh installs it and
+# starts one per mode; the databases are still created and migrated on the server itself.
+step "the store suite through PgBouncer (transaction and session pooling)"
+bash scripts/pgbouncer.sh
+for pooler in 'postgres://postgres@127.0.0.1:6432/postgres?pooler=transaction' \
+    'postgres://postgres@127.0.0.1:6433/postgres'; do
+    step "CAPGATE_TEST_POOLER_URL=$pooler"
+    if cargo nextest --version >/dev/null 2>&1; then
+        CAPGATE_TEST_POOLER_URL=$pooler cargo nextest run --workspace -E 'binary(store) and test(/postgres/)'
+    else
+        CAPGATE_TEST_POOLER_URL=$pooler cargo test --workspace --test store postgres
+    fi
+done
 
 # The reference gateways (gateways/): their toolchains and packages from their lockfiles, then the
 # Python and TypeScript suites and the shared scenario suite, against the capgate the tests above

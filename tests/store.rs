@@ -38,7 +38,7 @@ use capgate_core::principals::AuthProblem;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, SqliteConnection};
 use support::counting::{consume, Consumed};
-use support::postgres::{server_url, TestDatabase};
+use support::postgres::{server_url, through_transaction_pooler, TestDatabase};
 use support::unique;
 
 // ── The suite ─────────────────────────────────────────────────────────────
@@ -1817,6 +1817,12 @@ mod postgres_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn other_replicas_are_notified() {
         on_postgres(|store, replica, _database| async move {
+            if through_transaction_pooler() {
+                // No `LISTEN` through it: the server polls, as on SQLite.
+                store.publish(policy(1), None).await.expect("publish");
+                expect_quiet(&replica).await;
+                return;
+            }
             // Subscribing resolves at once: a change may have come before.
             expect_notified(&replica).await;
             expect_quiet(&replica).await;
@@ -1843,6 +1849,10 @@ mod postgres_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lost_notification_connection_is_reported() {
         on_postgres(|store, replica, database| async move {
+            if through_transaction_pooler() {
+                // No notification connection to lose (`other_replicas_are_notified`).
+                return;
+            }
             expect_notified(&replica).await;
             let mut admin = PgConnection::connect_with(&database).await.expect("connect");
             let terminated: Vec<bool> = sqlx::query_scalar(
@@ -2192,6 +2202,165 @@ mod postgres_only {
         .expect("insert a 0001 row");
     }
 
+    /// A libpq list of hosts is refused by `migrate` and `serve` at start, with the topology that
+    /// works, instead of sqlx's "invalid port number"; and the password stays hidden.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_list_of_hosts_is_refused_at_start() {
+        let url =
+            "postgres://capgate:s3cret-pw@127.0.0.1:1,127.0.0.1:2/capgate?target_session_attrs=read-write";
+        for command in [&["migrate"][..], &["serve", "--listen", "127.0.0.1:0"]] {
+            let (exit, stderr) = capgate(command, url).await;
+            assert_ne!(exit, Some(0), "{command:?}: {stderr}");
+            assert!(
+                stderr.contains("several hosts") && stderr.contains("HAProxy"),
+                "{command:?}: {stderr}"
+            );
+            assert!(!stderr.contains("s3cret-pw"), "{command:?}: {stderr}");
+        }
+    }
+
+    /// With `target_session_attrs=read-write`, a server that takes no writes is refused at start,
+    /// by `migrate` and by `serve`, saying so — where the parameter was dropped and `serve` failed
+    /// later with "read-only transaction". A server that takes writes is used. Through the
+    /// pooler under test when there is one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_only_server_is_refused_when_the_url_asks_for_read_write() {
+        // Two databases, one read-only from the start: a pooler keeps the server sessions it
+        // opened, with the settings they started with.
+        let (Some(read_only), Some(writable)) = (TestDatabase::create().await, TestDatabase::create().await)
+        else {
+            return;
+        };
+        let asking_read_write = |database: &TestDatabase| {
+            let base = database.store_url();
+            let separator = if base.contains('?') { '&' } else { '?' };
+            format!("{base}{separator}target_session_attrs=read-write")
+        };
+        for database in [&read_only, &writable] {
+            database.migrate().await.expect("migrate");
+        }
+        let mut admin = PgConnection::connect_with(&read_only.options)
+            .await
+            .expect("connect");
+        admin
+            .execute(AssertSqlSafe(format!(
+                "ALTER DATABASE {} SET default_transaction_read_only = on",
+                read_only.name
+            )))
+            .await
+            .expect("make the database read-only");
+        let _ = admin.close().await;
+
+        let url = asking_read_write(&read_only);
+        for command in [&["migrate"][..], &["serve", "--listen", "127.0.0.1:0"]] {
+            let (exit, stderr) = capgate(command, &url).await;
+            assert_ne!(exit, Some(0), "{command:?}: {stderr}");
+            assert!(
+                stderr.contains("is read-only") && stderr.contains("target_session_attrs=read-write"),
+                "{command:?}: {stderr}"
+            );
+        }
+        let (exit, stderr) = capgate(&["migrate"], &asking_read_write(&writable)).await;
+        assert_eq!(exit, Some(0), "{stderr}");
+    }
+
+    /// Two `capgate serve` replicas through PgBouncer in transaction mode (`pooler=transaction`):
+    /// both start, their calls are answered, and a ceiling holds across them, every answer in
+    /// the audit trail. `capgate migrate` through it refuses, naming the fix. Before, the second
+    /// replica died at start (`prepared statement "sqlx_s_1" already exists`). Only where the
+    /// pooler under test works in transaction mode (scripts/test.sh runs it so).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn replicas_serve_through_a_transaction_pooler() {
+        use capgate::wire::proto::decision_service_client::DecisionServiceClient;
+        use capgate::wire::proto::Outcome;
+        use support::client::{capped, decision, example_with_ceiling, publish, wait_serving, CATALOG};
+        use support::process::Serve;
+
+        if !through_transaction_pooler() {
+            eprintln!("skipped: needs CAPGATE_TEST_POOLER_URL with pooler=transaction");
+            return;
+        }
+        let Some(database) = TestDatabase::create().await else {
+            return;
+        };
+        let url = database.store_url();
+        let (exit, stderr) = capgate(&["migrate"], &url).await;
+        assert_eq!(exit, Some(3), "{stderr}");
+        assert!(
+            stderr.contains("pooler=transaction") && stderr.contains("capgate migrate"),
+            "{stderr}"
+        );
+        database.migrate().await.expect("migrate on the server itself");
+
+        let args = ["--database-url", url.as_str(), "--poll-interval", "200ms"];
+        let (first, second) = tokio::join!(Serve::start(&args), Serve::start(&args));
+        let channels = [first.channel().await, second.channel().await];
+        let ceiling = 5;
+        let published = publish(&channels[0], &example_with_ceiling(ceiling), Some(CATALOG))
+            .await
+            .expect("publish");
+        assert!(published.accepted, "{:?}", published.diagnostics);
+        for channel in &channels {
+            wait_serving(channel, Duration::from_secs(5)).await;
+        }
+        let mut allowed = 0;
+        for call in 0..20 {
+            let response = DecisionServiceClient::new(channels[call % 2].clone())
+                .decide(capped())
+                .await
+                .expect("an answer, not UNAVAILABLE")
+                .into_inner();
+            if decision(&response).outcome() == Outcome::Allow {
+                allowed += 1;
+            }
+        }
+        assert_eq!(allowed, ceiling, "the ceiling holds across both replicas");
+        let store = database.store().await;
+        let records = store.query_audit(&all(100)).await.expect("read the audit trail");
+        let decided = records
+            .iter()
+            .filter(|record| record.kind == RecordKind::Decide)
+            .count();
+        assert_eq!(decided, 20, "one record per answer");
+        drop((first, second));
+    }
+
+    /// Runs `capgate ARGS` with `CAPGATE_DATABASE_URL=url` until it exits (within 30 s):
+    /// its exit code and standard error.
+    async fn capgate(args: &[&str], url: &str) -> (Option<i32>, String) {
+        use std::io::Read;
+        use std::process::{Command, Stdio};
+
+        let mut child = Command::new(env!("CARGO_BIN_EXE_capgate"))
+            .args(args)
+            .env("CAPGATE_DATABASE_URL", url)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start capgate");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait for capgate") {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("capgate {args:?} did not exit within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .expect("stderr")
+            .read_to_string(&mut stderr)
+            .expect("stderr is UTF-8");
+        (status.code(), stderr)
+    }
+
     async fn expect_notified(store: &PostgresStore) {
         tokio::time::timeout(Duration::from_secs(10), store.policy_changed())
             .await
@@ -2485,9 +2654,11 @@ where
         return;
     };
     let opened = async {
-        let store = PostgresStore::connect_with(database.options.clone(), &StoreOptions::default()).await?;
+        database.migrate().await?;
+        let store = PostgresStore::connect(&database.store_url(), &StoreOptions::default()).await?;
+        // Through a transaction pooler this only checks that the schema is current.
         store.migrate().await?;
-        let replica = PostgresStore::connect_with(database.options.clone(), &StoreOptions::default()).await?;
+        let replica = PostgresStore::connect(&database.store_url(), &StoreOptions::default()).await?;
         Ok::<_, capgate::store::StoreError>((store, replica))
     }
     .await;

@@ -93,6 +93,33 @@ pub enum StoreError {
     /// The URL names no store this build has. `url` is redacted.
     #[error("store error: unsupported database URL `{url}`: expected `postgres://…` or `sqlite://…`")]
     UnsupportedUrl { url: String },
+    /// A PostgreSQL URL capgate will not connect with. `url` is redacted.
+    #[error("store error: cannot use `{url}`: {problem}")]
+    UnsupportedUrlSetting {
+        url: String,
+        problem: postgres::UrlProblem,
+    },
+    /// The server reached is not the kind the URL's `target_session_attrs` asks for (a standby,
+    /// where `read-write` or `primary` was asked for).
+    #[error(
+        "store error: the server at `{address}` {found}, and the URL asks for \
+         `target_session_attrs={wanted}`: point the URL at the primary (with Patroni, HAProxy's \
+         port that only the primary passes, deploy/ha/)"
+    )]
+    WrongServer {
+        address: String,
+        found: &'static str,
+        wanted: &'static str,
+    },
+    /// Through a pooler in transaction mode the schema is checked, not migrated
+    /// (docs/decisions/0033-behind-a-pooler-and-a-failover.md).
+    #[error(
+        "store error: the schema is not this build's ({detail}), and migrations cannot run \
+         through a pooler in transaction mode (`pooler=transaction`: the migrator holds a \
+         session's advisory lock): run `capgate migrate` with a URL to PostgreSQL itself or to a \
+         pooler in session mode"
+    )]
+    SchemaNotCurrent { detail: String },
     /// A migration failed; the schema is as the last applied one left it.
     #[error("store error: migration failed: {0}")]
     Migration(#[source] sqlx::migrate::MigrateError),

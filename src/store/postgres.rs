@@ -13,16 +13,26 @@
 //! months' partitions ahead of time; an insert that still finds none creates
 //! the missing ones and is retried, so no record is refused for want of a
 //! partition. Retention drops whole partitions.
+//!
+//! Behind a pooler that lends server sessions per transaction (`pooler=transaction` in the URL,
+//! [`url`]), nothing may outlive a transaction: every statement runs unnamed inside an explicit
+//! transaction, no session setting is made, policy changes are polled for instead of listened
+//! to, and migrations are only checked
+//! (docs/decisions/0033-behind-a-pooler-and-a-failover.md).
+
+mod url;
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
+use std::ops::{Deref, DerefMut};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::migrate::Migrator;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgDatabaseError, PgListener, PgPool, PgPoolOptions};
-use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, Postgres};
+use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, Postgres, Row, Transaction};
 use tokio::sync::Mutex;
 
 use super::counting::{self, COUNT_USAGE};
@@ -34,9 +44,11 @@ use super::sql::{
 use super::{
     ActivateOutcome, Activation, ActivationKind, Actor, AuditFilter, AuditGroup, AuditRecord, Claim,
     CommitGate, CounterAsk, CounterKey, CounterReading, DecisionNote, ExpectedRevision, Fingerprint,
-    GroupKey, NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, RememberedEntry, Settle,
-    Store, StoreError, StoreOptions, StoreResult, StoredCounter, StoredPolicy, Tally, UsageReset,
+    GroupKey, NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, RememberedEntry,
+    Settle, Store, StoreError, StoreOptions, StoreResult, StoredCounter, StoredPolicy, Tally, UsageReset,
 };
+
+pub use url::{Pooling, SessionAttrs, UrlProblem};
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
 
@@ -72,6 +84,12 @@ pub struct PostgresStore {
     /// The options without the pool's per-connection settings: migrations run
     /// on a connection of their own, free of `statement_timeout`.
     options: Arc<PgConnectOptions>,
+    /// How the connections reach PostgreSQL's sessions.
+    pooling: Pooling,
+    /// Whether statements are prepared once per connection and kept (sqlx's
+    /// `persistent`): not when the server session changes between transactions.
+    persistent: bool,
+    session_attrs: SessionAttrs,
     subscription: Arc<Mutex<Subscription>>,
 }
 
@@ -83,30 +101,62 @@ struct Subscription {
 }
 
 impl PostgresStore {
-    /// Opens a pool on `url` (`postgres://…`). Errors may quote sqlx's
-    /// message but never the URL; [`super::connect`] adds the redacted URL.
+    /// Opens a pool on `url` (`postgres://…`, with capgate's own parameters
+    /// `pooler` and `target_session_attrs`, [`url`]). Errors may quote sqlx's
+    /// message but never the URL, except the URL's own refusal, which holds it
+    /// redacted; [`super::connect`] adds the redacted URL to the others.
     pub async fn connect(url: &str, options: &StoreOptions) -> StoreResult<Self> {
-        let connect_options = PgConnectOptions::from_str(url).during("connect")?;
-        Self::connect_with(connect_options, options).await
+        let parsed = url::parse(url).map_err(|problem| StoreError::UnsupportedUrlSetting {
+            url: super::redact(url),
+            problem,
+        })?;
+        let connect_options = PgConnectOptions::from_str(&parsed.for_sqlx).during("connect")?;
+        Self::connect_through(connect_options, parsed.pooling, parsed.session_attrs, options).await
     }
 
-    /// Opens a pool with explicit connection options (the tests use this to
-    /// point at a fresh database).
+    /// Opens a pool with explicit connection options, straight to a server
+    /// that takes writes (the tests use this to point at a fresh database).
     pub async fn connect_with(
         connect_options: PgConnectOptions,
         options: &StoreOptions,
     ) -> StoreResult<Self> {
+        Self::connect_through(connect_options, Pooling::Session, SessionAttrs::Any, options).await
+    }
+
+    /// Opens a pool with explicit connection options, through `pooling`, on a
+    /// server `session_attrs` accepts.
+    pub async fn connect_through(
+        connect_options: PgConnectOptions,
+        pooling: Pooling,
+        session_attrs: SessionAttrs,
+        options: &StoreOptions,
+    ) -> StoreResult<Self> {
+        // sqlx asks for `extra_float_digits` at startup, a parameter PgBouncer
+        // refuses unless told to ignore it; capgate stores no floating-point
+        // value, and PostgreSQL 12 and later print floats exactly by default.
+        let connect_options = connect_options.extra_float_digits(None);
         // One plain connection first: a wrong host, database or password
         // then fails at once with its cause, where the pool would retry
-        // until `acquire_timeout` and report only that it timed out.
-        PgConnection::connect_with(&connect_options)
-            .await
-            .during("connect")?
-            .close()
+        // until `acquire_timeout` and report only that it timed out. A
+        // server of the wrong kind fails here too.
+        let mut first = PgConnection::connect_with(&connect_options)
             .await
             .during("connect")?;
+        if let Some(found) = wrong_server(&mut first, session_attrs).await.during("connect")? {
+            let _ = first.close().await;
+            return Err(StoreError::WrongServer {
+                address: format!("{}:{}", connect_options.get_host(), connect_options.get_port()),
+                found,
+                wanted: session_attrs.as_str(),
+            });
+        }
+        first.close().await.during("connect")?;
+        // Through a transaction pooler a session setting would stay with
+        // whichever server session ran it, for other clients to inherit: the
+        // statement timeout is then the role's (docs/operations.md).
         let statement_timeout = options
             .statement_timeout
+            .filter(|_| pooling == Pooling::Session)
             .map(|timeout| timeout.as_millis().to_string());
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS))
@@ -114,6 +164,10 @@ impl PostgresStore {
             .after_connect(move |connection, _metadata| {
                 let statement_timeout = statement_timeout.clone();
                 Box::pin(async move {
+                    // A connection opened after a failover may reach a server
+                    // that is now a standby: refused, the operation fails and
+                    // the next one connects again.
+                    refuse_wrong_server(connection, session_attrs).await?;
                     // `set_config` rather than a startup parameter, which
                     // connection poolers such as PgBouncer may refuse.
                     if let Some(milliseconds) = statement_timeout {
@@ -133,10 +187,16 @@ impl PostgresStore {
             .acquire_timeout(options.acquire_timeout)
             .idle_timeout(None)
             .max_lifetime(None)
+            .after_connect(move |connection, _metadata| {
+                Box::pin(async move { refuse_wrong_server(connection, session_attrs).await })
+            })
             .connect_lazy_with(connect_options.clone());
         Ok(PostgresStore {
             pool,
             options: Arc::new(connect_options),
+            pooling,
+            persistent: pooling == Pooling::Session,
+            session_attrs,
             subscription: Arc::new(Mutex::new(Subscription {
                 pool: listen_pool,
                 listener: None,
@@ -144,17 +204,96 @@ impl PostgresStore {
         })
     }
 
+    /// A connection for one operation that takes no transaction of its own.
+    async fn session(&self) -> Result<Session, sqlx::Error> {
+        Ok(match self.pooling {
+            Pooling::Session => Session::Own(self.pool.acquire().await?),
+            Pooling::Transaction => Session::Lent(self.pool.begin().await?),
+        })
+    }
+
+    /// Through a transaction pooler, where migrations cannot run: whether the
+    /// schema is this build's, every migration applied and none changed.
+    async fn check_schema(&self) -> StoreResult<()> {
+        let mut session = self.session().await.during("migrate")?;
+        let applied: Vec<(i64, Vec<u8>)> = match sqlx::query_as(
+            "SELECT version, checksum FROM _sqlx_migrations WHERE success ORDER BY version",
+        )
+        .persistent(false)
+        .fetch_all(&mut *session)
+        .await
+        {
+            Ok(applied) => {
+                session.end().await.during("migrate")?;
+                applied
+            }
+            // A database nothing has migrated yet.
+            Err(error)
+                if error
+                    .as_database_error()
+                    .and_then(|error| error.code())
+                    .as_deref()
+                    == Some("42P01") =>
+            {
+                Vec::new()
+            }
+            Err(error) => return Err(StoreError::database("migrate", error)),
+        };
+        let known: Vec<_> = MIGRATOR
+            .iter()
+            .filter(|migration| !migration.migration_type.is_down_migration())
+            .collect();
+        let pending = known
+            .iter()
+            .filter(|migration| !applied.iter().any(|(version, _)| *version == migration.version))
+            .map(|migration| migration.version.to_string())
+            .collect::<Vec<_>>();
+        let changed = known
+            .iter()
+            .filter(|migration| {
+                applied.iter().any(|(version, checksum)| {
+                    *version == migration.version && checksum[..] != migration.checksum[..]
+                })
+            })
+            .map(|migration| migration.version.to_string())
+            .collect::<Vec<_>>();
+        let unknown = applied
+            .iter()
+            .filter(|(version, _)| !known.iter().any(|migration| migration.version == *version))
+            .map(|(version, _)| version.to_string())
+            .collect::<Vec<_>>();
+        let mut problems = Vec::new();
+        for (what, versions) in [
+            ("not applied", pending),
+            ("changed since applied", changed),
+            ("applied but unknown to this build", unknown),
+        ] {
+            if !versions.is_empty() {
+                problems.push(format!("migrations {} {what}", versions.join(", ")));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(StoreError::SchemaNotCurrent {
+                detail: problems.join("; "),
+            })
+        }
+    }
+
     /// The policy at `revision`, read as part of `operation`.
     async fn policy_in(
         executor: impl Executor<'_, Database = Postgres>,
         revision: i64,
         operation: &'static str,
+        persistent: bool,
     ) -> StoreResult<Option<StoredPolicy>> {
         sqlx::query_as::<_, PolicyRow>(
             "SELECT revision, version, artifact, catalog, author, comment, created_at \
              FROM policy_versions WHERE revision = $1",
         )
         .bind(revision)
+        .persistent(persistent)
         .fetch_optional(executor)
         .await
         .during(operation)?
@@ -163,11 +302,87 @@ impl PostgresStore {
     }
 }
 
+/// A connection for one operation that takes no transaction of its own: the
+/// pool's connection, or, through a transaction pooler, a transaction around
+/// the operation. There the server session is this client's only from `BEGIN`
+/// to `COMMIT`, and sqlx sends a statement in two exchanges (parse, then bind
+/// and execute) that must reach the same server session.
+enum Session {
+    Own(PoolConnection<Postgres>),
+    Lent(Transaction<'static, Postgres>),
+}
+
+impl Session {
+    /// Ends the operation: commits the transaction around it, if any.
+    async fn end(self) -> Result<(), sqlx::Error> {
+        match self {
+            Session::Own(_) => Ok(()),
+            Session::Lent(transaction) => transaction.commit().await,
+        }
+    }
+}
+
+impl Deref for Session {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        match self {
+            Session::Own(connection) => connection,
+            Session::Lent(transaction) => transaction,
+        }
+    }
+}
+
+impl DerefMut for Session {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        match self {
+            Session::Own(connection) => connection,
+            Session::Lent(transaction) => transaction,
+        }
+    }
+}
+
+/// What makes the server `connection` reached unfit for `wanted`, if anything.
+async fn wrong_server(
+    connection: &mut PgConnection,
+    wanted: SessionAttrs,
+) -> Result<Option<&'static str>, sqlx::Error> {
+    if wanted == SessionAttrs::Any {
+        return Ok(None);
+    }
+    // The simple protocol: one exchange, which any pooler carries, and nothing prepared.
+    let row = sqlx::raw_sql("SELECT pg_is_in_recovery()::text, current_setting('transaction_read_only')")
+        .fetch_one(connection)
+        .await?;
+    let in_recovery = row.try_get::<String, _>(0)? == "true";
+    let read_only = row.try_get::<String, _>(1)? == "on";
+    Ok(match wanted {
+        _ if in_recovery => Some("is a standby (in recovery)"),
+        SessionAttrs::ReadWrite if read_only => Some("is read-only (`transaction_read_only` is on)"),
+        _ => None,
+    })
+}
+
+/// Refuses a pooled connection that reached a server unfit for `wanted`.
+async fn refuse_wrong_server(connection: &mut PgConnection, wanted: SessionAttrs) -> Result<(), sqlx::Error> {
+    match wrong_server(connection, wanted).await? {
+        None => Ok(()),
+        Some(found) => Err(sqlx::Error::Configuration(
+            format!(
+                "the server {found}, and the URL asks for `target_session_attrs={}`",
+                wanted.as_str()
+            )
+            .into(),
+        )),
+    }
+}
+
 /// Tells every listening replica, once the surrounding transaction commits.
-async fn notify(connection: &mut PgConnection, revision: u64) -> Result<(), sqlx::Error> {
+async fn notify(connection: &mut PgConnection, revision: u64, persistent: bool) -> Result<(), sqlx::Error> {
     sqlx::query("SELECT pg_notify($1, $2)")
         .bind(POLICY_CHANNEL)
         .bind(revision.to_string())
+        .persistent(persistent)
         .execute(connection)
         .await?;
     Ok(())
@@ -181,8 +396,10 @@ async fn record_activation(
     from: Option<u64>,
     to: u64,
     operation: &'static str,
+    persistent: bool,
 ) -> StoreResult<()> {
     sqlx::query(sql::INSERT_ACTIVATION)
+        .persistent(persistent)
         .bind(by.at_ms)
         .bind(&by.name)
         .bind(kind.as_str())
@@ -200,19 +417,27 @@ async fn record_activation(
 /// Locks the active pointer until the transaction ends; every change of the
 /// active version takes this lock first, so changes are serialised across
 /// replicas and a compare-and-set sees the latest committed state.
-async fn lock_active(connection: &mut PgConnection) -> Result<Option<i64>, sqlx::Error> {
+async fn lock_active(connection: &mut PgConnection, persistent: bool) -> Result<Option<i64>, sqlx::Error> {
     sqlx::query_scalar("SELECT revision FROM active_policy FOR UPDATE")
+        .persistent(persistent)
         .fetch_one(connection)
         .await
 }
 
 impl Store for PostgresStore {
     async fn migrate(&self) -> StoreResult<()> {
+        if self.pooling == Pooling::Transaction {
+            return self.check_schema().await;
+        }
         // A pool of one, on the options without `statement_timeout`: a
         // migration may legitimately run long. The migrator takes an advisory
         // lock, so replicas starting together apply each migration once.
+        let session_attrs = self.session_attrs;
         let pool = PgPoolOptions::new()
             .max_connections(1)
+            .after_connect(move |connection, _metadata| {
+                Box::pin(async move { refuse_wrong_server(connection, session_attrs).await })
+            })
             .connect_with((*self.options).clone())
             .await
             .during("migrate")?;
@@ -222,21 +447,23 @@ impl Store for PostgresStore {
     }
 
     async fn active_policy(&self) -> StoreResult<Option<StoredPolicy>> {
-        sqlx::query_as::<_, PolicyRow>(
+        let mut session = self.session().await.during("active_policy")?;
+        let active = sqlx::query_as::<_, PolicyRow>(
             "SELECT p.revision, p.version, p.artifact, p.catalog, p.author, p.comment, p.created_at \
              FROM active_policy a JOIN policy_versions p ON p.revision = a.revision",
         )
-        .fetch_optional(&self.pool)
+        .persistent(self.persistent)
+        .fetch_optional(&mut *session)
         .await
-        .during("active_policy")?
-        .map(PolicyRow::into_policy)
-        .transpose()
+        .during("active_policy")?;
+        session.end().await.during("active_policy")?;
+        active.map(PolicyRow::into_policy).transpose()
     }
 
     async fn publish(&self, new: NewPolicy, expected: ExpectedRevision) -> StoreResult<PublishOutcome> {
         let mut tx = self.pool.begin().await.during("publish")?;
-        let active = match lock_active(&mut tx).await.during("publish")? {
-            Some(revision) => Self::policy_in(&mut *tx, revision, "publish").await?,
+        let active = match lock_active(&mut tx, self.persistent).await.during("publish")? {
+            Some(revision) => Self::policy_in(&mut *tx, revision, "publish", self.persistent).await?,
             None => None,
         };
         let active_before = active.as_ref().map(|policy| policy.revision);
@@ -269,12 +496,14 @@ impl Store for PostgresStore {
                 .bind(author)
                 .bind(comment)
                 .bind(created_at_ms)
+                .persistent(self.persistent)
                 .fetch_one(&mut *tx)
                 .await
                 .during("publish")?
                 .into_policy()?;
                 sqlx::query("UPDATE active_policy SET revision = $1")
                     .bind(sql::to_bigint(stored.revision, "revision")?)
+                    .persistent(self.persistent)
                     .execute(&mut *tx)
                     .await
                     .during("publish")?;
@@ -289,9 +518,12 @@ impl Store for PostgresStore {
                     active_before,
                     stored.revision,
                     "publish",
+                    self.persistent,
                 )
                 .await?;
-                notify(&mut tx, stored.revision).await.during("publish")?;
+                notify(&mut tx, stored.revision, self.persistent)
+                    .await
+                    .during("publish")?;
                 tx.commit().await.during("publish")?;
                 Ok(PublishOutcome::Activated(stored))
             }
@@ -305,7 +537,7 @@ impl Store for PostgresStore {
         by: &Actor,
     ) -> StoreResult<ActivateOutcome> {
         let mut tx = self.pool.begin().await.during("activate")?;
-        let active = lock_active(&mut tx)
+        let active = lock_active(&mut tx, self.persistent)
             .await
             .during("activate")?
             .map(sql::to_revision)
@@ -316,7 +548,7 @@ impl Store for PostgresStore {
             return Ok(ActivateOutcome::Conflict { active });
         }
         let target = match i64::try_from(revision) {
-            Ok(revision) => Self::policy_in(&mut *tx, revision, "activate").await?,
+            Ok(revision) => Self::policy_in(&mut *tx, revision, "activate", self.persistent).await?,
             Err(_) => None,
         };
         let Some(policy) = target else {
@@ -326,6 +558,7 @@ impl Store for PostgresStore {
         if let ActivatePlan::Switch = plan {
             sqlx::query("UPDATE active_policy SET revision = $1")
                 .bind(sql::to_bigint(policy.revision, "revision")?)
+                .persistent(self.persistent)
                 .execute(&mut *tx)
                 .await
                 .during("activate")?;
@@ -336,47 +569,63 @@ impl Store for PostgresStore {
                 active,
                 policy.revision,
                 "activate",
+                self.persistent,
             )
             .await?;
-            notify(&mut tx, policy.revision).await.during("activate")?;
+            notify(&mut tx, policy.revision, self.persistent)
+                .await
+                .during("activate")?;
         }
         tx.commit().await.during("activate")?;
         Ok(ActivateOutcome::Activated(policy))
     }
 
     async fn activations(&self, limit: u32) -> StoreResult<Vec<Activation>> {
-        sqlx::query_as::<_, ActivationRow>(sql::ACTIVATIONS)
+        let mut session = self.session().await.during("activations")?;
+        let rows = sqlx::query_as::<_, ActivationRow>(sql::ACTIVATIONS)
             .bind(i64::from(limit))
-            .fetch_all(&self.pool)
+            .persistent(self.persistent)
+            .fetch_all(&mut *session)
             .await
-            .during("activations")?
-            .into_iter()
-            .map(ActivationRow::into_activation)
-            .collect()
+            .during("activations")?;
+        session.end().await.during("activations")?;
+        rows.into_iter().map(ActivationRow::into_activation).collect()
     }
 
     async fn policy(&self, revision: u64) -> StoreResult<Option<StoredPolicy>> {
         match i64::try_from(revision) {
-            Ok(revision) => Self::policy_in(&self.pool, revision, "policy").await,
+            Ok(revision) => {
+                let mut session = self.session().await.during("policy")?;
+                let policy = Self::policy_in(&mut *session, revision, "policy", self.persistent).await?;
+                session.end().await.during("policy")?;
+                Ok(policy)
+            }
             Err(_) => Ok(None),
         }
     }
 
     async fn list_policies(&self, limit: u32) -> StoreResult<Vec<StoredPolicy>> {
-        sqlx::query_as::<_, PolicyRow>(
+        let mut session = self.session().await.during("list_policies")?;
+        let rows = sqlx::query_as::<_, PolicyRow>(
             "SELECT revision, version, artifact, catalog, author, comment, created_at \
              FROM policy_versions ORDER BY revision DESC LIMIT $1",
         )
         .bind(i64::from(limit))
-        .fetch_all(&self.pool)
+        .persistent(self.persistent)
+        .fetch_all(&mut *session)
         .await
-        .during("list_policies")?
-        .into_iter()
-        .map(PolicyRow::into_policy)
-        .collect()
+        .during("list_policies")?;
+        session.end().await.during("list_policies")?;
+        rows.into_iter().map(PolicyRow::into_policy).collect()
     }
 
     async fn policy_changed(&self) -> StoreResult<()> {
+        if self.pooling == Pooling::Transaction {
+            // A `LISTEN` holds its server session, which a transaction pooler
+            // lends to another client once the statement is done: the server
+            // learns of changes by polling alone, as on SQLite.
+            return std::future::pending().await;
+        }
         let mut subscription = self.subscription.lock().await;
         let Subscription { pool, listener } = &mut *subscription;
         let Some(active) = listener else {
@@ -404,16 +653,18 @@ impl Store for PostgresStore {
     }
 
     async fn read_usage(&self, key: CounterKey<'_>) -> StoreResult<Option<CounterReading>> {
-        sqlx::query_as::<_, CounterRow>(
+        let mut session = self.session().await.during("read_usage")?;
+        let row = sqlx::query_as::<_, CounterRow>(
             "SELECT calls, window_start FROM usage_counters WHERE principal_id = $1 AND capability = $2",
         )
         .bind(key.principal_id)
         .bind(key.capability)
-        .fetch_optional(&self.pool)
+        .persistent(self.persistent)
+        .fetch_optional(&mut *session)
         .await
-        .during("read_usage")?
-        .map(CounterRow::into_reading)
-        .transpose()
+        .during("read_usage")?;
+        session.end().await.during("read_usage")?;
+        row.map(CounterRow::into_reading).transpose()
     }
 
     async fn counters(
@@ -422,16 +673,17 @@ impl Store for PostgresStore {
         capability: Option<&str>,
         limit: u32,
     ) -> StoreResult<Vec<StoredCounter>> {
-        sqlx::query_as::<_, StoredCounterRow>(sql::COUNTERS)
+        let mut session = self.session().await.during("counters")?;
+        let rows = sqlx::query_as::<_, StoredCounterRow>(sql::COUNTERS)
             .bind(principal_id)
             .bind(capability)
             .bind(i64::from(limit))
-            .fetch_all(&self.pool)
+            .persistent(self.persistent)
+            .fetch_all(&mut *session)
             .await
-            .during("counters")?
-            .into_iter()
-            .map(StoredCounterRow::into_counter)
-            .collect()
+            .during("counters")?;
+        session.end().await.during("counters")?;
+        rows.into_iter().map(StoredCounterRow::into_counter).collect()
     }
 
     async fn reset_usage(&self, key: CounterKey<'_>, by: &Actor) -> StoreResult<Option<CounterReading>> {
@@ -441,6 +693,7 @@ impl Store for PostgresStore {
         let Some(row) = sqlx::query_as::<_, CounterRow>(sql::DELETE_COUNTER)
             .bind(key.principal_id)
             .bind(key.capability)
+            .persistent(self.persistent)
             .fetch_optional(&mut *tx)
             .await
             .during("reset_usage")?
@@ -456,6 +709,7 @@ impl Store for PostgresStore {
             .bind(key.capability)
             .bind(sql::to_bigint(reading.calls, "calls")?)
             .bind(reading.window_start_ms)
+            .persistent(self.persistent)
             .execute(&mut *tx)
             .await
             .during("reset_usage")?;
@@ -469,16 +723,17 @@ impl Store for PostgresStore {
         capability: Option<&str>,
         limit: u32,
     ) -> StoreResult<Vec<UsageReset>> {
-        sqlx::query_as::<_, ResetRow>(sql::RESETS)
+        let mut session = self.session().await.during("usage_resets")?;
+        let rows = sqlx::query_as::<_, ResetRow>(sql::RESETS)
             .bind(principal_id)
             .bind(capability)
             .bind(i64::from(limit))
-            .fetch_all(&self.pool)
+            .persistent(self.persistent)
+            .fetch_all(&mut *session)
             .await
-            .during("usage_resets")?
-            .into_iter()
-            .map(ResetRow::into_reset)
-            .collect()
+            .during("usage_resets")?;
+        session.end().await.during("usage_resets")?;
+        rows.into_iter().map(ResetRow::into_reset).collect()
     }
 
     async fn commit_batch(
@@ -537,13 +792,16 @@ impl Store for PostgresStore {
     }
 
     async fn remembered(&self, gateway: &str, request_id: &str) -> StoreResult<Option<Remembered>> {
-        Ok(sqlx::query_as::<_, RememberedRow>(sql::REMEMBERED)
+        let mut session = self.session().await.during("remembered")?;
+        let row = sqlx::query_as::<_, RememberedRow>(sql::REMEMBERED)
             .bind(gateway)
             .bind(request_id)
-            .fetch_optional(&self.pool)
+            .persistent(self.persistent)
+            .fetch_optional(&mut *session)
             .await
-            .during("remembered")?
-            .map(RememberedRow::into_remembered))
+            .during("remembered")?;
+        session.end().await.during("remembered")?;
+        Ok(row.map(RememberedRow::into_remembered))
     }
 
     async fn claim_request(
@@ -559,6 +817,9 @@ impl Store for PostgresStore {
         // the disk — `set_config(…, true)` holds for the statement's own implicit transaction, in
         // the same round trip — and a claim costs a round trip instead of a disk flush (one flush
         // per call was 4x slower at 16 callers). It is visible to other sessions at once either way.
+        // Through a transaction pooler the statement has a transaction of its own, and the setting
+        // holds for that one.
+        let mut session = self.session().await.during("claim_request")?;
         let won = sqlx::query(sql::claim_request!(
             "FROM (SELECT set_config('synchronous_commit', 'off', true)) AS unflushed"
         ))
@@ -567,30 +828,40 @@ impl Store for PostgresStore {
         .bind(now_ms)
         .bind(stale_before_ms)
         .bind(&fingerprint[..])
-        .fetch_optional(&self.pool)
+        .persistent(self.persistent)
+        .fetch_optional(&mut *session)
         .await
         .during("claim_request")?;
+        session.end().await.during("claim_request")?;
         let holder = async {
-            sqlx::query_scalar::<_, Option<Vec<u8>>>(sql::CLAIM_FINGERPRINT)
+            let mut session = self.session().await.during("claim_request")?;
+            let holder = sqlx::query_scalar::<_, Option<Vec<u8>>>(sql::CLAIM_FINGERPRINT)
                 .bind(gateway)
                 .bind(request_id)
-                .fetch_optional(&self.pool)
+                .persistent(self.persistent)
+                .fetch_optional(&mut *session)
                 .await
-                .during("claim_request")
+                .during("claim_request")?;
+            session.end().await.during("claim_request")?;
+            Ok(holder)
         };
         sql::claimed(won.is_some(), self.remembered(gateway, request_id), holder).await
     }
 
     async fn request_key(&self, candidate: &[u8; 32]) -> StoreResult<[u8; 32]> {
+        let mut session = self.session().await.during("request_key")?;
         sqlx::query("INSERT INTO request_key (id, key) VALUES (TRUE, $1) ON CONFLICT (id) DO NOTHING")
             .bind(&candidate[..])
-            .execute(&self.pool)
+            .persistent(self.persistent)
+            .execute(&mut *session)
             .await
             .during("request_key")?;
         let stored: Vec<u8> = sqlx::query_scalar(sql::REQUEST_KEY)
-            .fetch_one(&self.pool)
+            .persistent(self.persistent)
+            .fetch_one(&mut *session)
             .await
             .during("request_key")?;
+        session.end().await.during("request_key")?;
         sql::request_key(stored)
     }
 
@@ -598,11 +869,13 @@ impl Store for PostgresStore {
         let mut tx = self.pool.begin().await.during("forget_requests")?;
         let answers = sqlx::query(sql::FORGET_ANSWERS)
             .bind(before_ms)
+            .persistent(self.persistent)
             .execute(&mut *tx)
             .await
             .during("forget_requests")?;
         let claims = sqlx::query(sql::FORGET_CLAIMS)
             .bind(before_ms)
+            .persistent(self.persistent)
             .execute(&mut *tx)
             .await
             .during("forget_requests")?;
@@ -611,26 +884,28 @@ impl Store for PostgresStore {
     }
 
     async fn query_audit(&self, filter: &AuditFilter) -> StoreResult<Vec<AuditRecord>> {
-        sql::audit_query::<Postgres>(filter)
+        let mut session = self.session().await.during("query_audit")?;
+        let rows = sql::audit_query::<Postgres>(filter)
             .build_query_as::<AuditRow>()
-            .fetch_all(&self.pool)
+            .persistent(self.persistent)
+            .fetch_all(&mut *session)
             .await
-            .during("query_audit")?
-            .into_iter()
-            .map(AuditRow::into_record)
-            .collect()
+            .during("query_audit")?;
+        session.end().await.during("query_audit")?;
+        rows.into_iter().map(AuditRow::into_record).collect()
     }
 
     async fn audit_groups(&self, filter: &AuditFilter, keys: &[GroupKey]) -> StoreResult<Vec<AuditGroup>> {
         // Bytewise, as SQLite compares, whatever the database's collation.
-        sql::audit_groups_query::<Postgres>(filter, keys, " COLLATE \"C\"")
+        let mut session = self.session().await.during("audit_groups")?;
+        let rows = sql::audit_groups_query::<Postgres>(filter, keys, " COLLATE \"C\"")
             .build()
-            .fetch_all(&self.pool)
+            .persistent(self.persistent)
+            .fetch_all(&mut *session)
             .await
-            .during("audit_groups")?
-            .iter()
-            .map(|row| sql::audit_group(row, keys.len()))
-            .collect()
+            .during("audit_groups")?;
+        session.end().await.during("audit_groups")?;
+        rows.iter().map(|row| sql::audit_group(row, keys.len())).collect()
     }
 
     async fn note_decision(&self, note: &DecisionNote) -> StoreResult<bool> {
@@ -644,46 +919,54 @@ impl Store for PostgresStore {
         let Some((from, until)) = sql::decided_around(decision_id) else {
             return Ok(false);
         };
+        let mut session = self.session().await.during("note_decision")?;
         let found: i64 = sqlx::query_scalar(sql::NOTED_ALLOW)
             .bind(decision_id)
             .bind(gateway)
             .bind(from)
             .bind(until)
-            .fetch_one(&self.pool)
+            .persistent(self.persistent)
+            .fetch_one(&mut *session)
             .await
             .during("note_decision")?;
-        if found == 0 {
-            return Ok(false);
+        if found > 0 {
+            sqlx::query(sql::INSERT_NOTE)
+                .bind(decision_id)
+                .bind(kind.as_str())
+                .bind(at_ms)
+                .bind(gateway)
+                .bind(detail)
+                .persistent(self.persistent)
+                .execute(&mut *session)
+                .await
+                .during("note_decision")?;
         }
-        sqlx::query(sql::INSERT_NOTE)
-            .bind(decision_id)
-            .bind(kind.as_str())
-            .bind(at_ms)
-            .bind(gateway)
-            .bind(detail)
-            .execute(&self.pool)
-            .await
-            .during("note_decision")?;
-        Ok(true)
+        session.end().await.during("note_decision")?;
+        Ok(found > 0)
     }
 
     async fn decision_notes(&self, decision_ids: &[String]) -> StoreResult<Vec<DecisionNote>> {
         if decision_ids.is_empty() {
             return Ok(Vec::new());
         }
-        sql::notes_query::<Postgres>(decision_ids)
+        let mut session = self.session().await.during("decision_notes")?;
+        let rows = sql::notes_query::<Postgres>(decision_ids)
             .build_query_as::<NoteRow>()
-            .fetch_all(&self.pool)
+            .persistent(self.persistent)
+            .fetch_all(&mut *session)
             .await
-            .during("decision_notes")?
-            .into_iter()
-            .map(NoteRow::into_note)
-            .collect()
+            .during("decision_notes")?;
+        session.end().await.during("decision_notes")?;
+        rows.into_iter().map(NoteRow::into_note).collect()
     }
 
     async fn prepare_audit_periods(&self, now_ms: i64) -> StoreResult<()> {
         let wanted: BTreeSet<Period> = retention::periods_from(now_ms).into_iter().collect();
-        let existing = partitions(&self.pool).await.during("prepare_audit_periods")?;
+        let mut session = self.session().await.during("prepare_audit_periods")?;
+        let existing = partitions(&mut *session, self.persistent)
+            .await
+            .during("prepare_audit_periods")?;
+        session.end().await.during("prepare_audit_periods")?;
         if wanted
             .iter()
             .all(|period| existing.iter().any(|partition| partition.name == period.name()))
@@ -732,7 +1015,7 @@ impl PostgresStore {
     ) -> StoreResult<()> {
         let columns = AuditArrays::of(records)?;
         let mut tx = self.pool.begin().await.during("append_audit")?;
-        insert_audit(&mut tx, columns, remembered, None)
+        insert_audit(&mut tx, columns, remembered, None, self.persistent)
             .await
             .during("append_audit")?;
         tx.commit().await.during("append_audit")
@@ -752,7 +1035,7 @@ impl PostgresStore {
             (Vec::new(), None)
         } else {
             let (keys, positions) = counting::counter_keys(asks);
-            let rows = match lock_counters(&mut tx, &keys, Lock::Existing)
+            let rows = match lock_counters(&mut tx, &keys, Lock::Existing, self.persistent)
                 .await
                 .during(COUNT_USAGE)?
             {
@@ -763,7 +1046,7 @@ impl PostgresStore {
                 None => {
                     tx.rollback().await.during(COUNT_USAGE)?;
                     tx = self.pool.begin().await.during("commit_batch")?;
-                    lock_counters(&mut tx, &keys, Lock::Creating)
+                    lock_counters(&mut tx, &keys, Lock::Creating, self.persistent)
                         .await
                         .during(COUNT_USAGE)?
                         .unwrap_or_default()
@@ -787,7 +1070,7 @@ impl PostgresStore {
         } else {
             Cow::Owned([remembered, &settled_remembered].concat())
         };
-        insert_audit(&mut tx, columns, &remembered, counters)
+        insert_audit(&mut tx, columns, &remembered, counters, self.persistent)
             .await
             .during("commit_batch")?;
         if !gate.commit() {
@@ -810,9 +1093,10 @@ impl PostgresStore {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(PARTITION_LOCK)
+            .persistent(self.persistent)
             .execute(&mut *tx)
             .await?;
-        let existing = partitions(&mut *tx).await?;
+        let existing = partitions(&mut *tx, self.persistent).await?;
         let mut created = 0;
         for period in periods {
             let name = period.name();
@@ -858,11 +1142,13 @@ impl PostgresStore {
             "SELECT set_config('statement_timeout', '0', true), set_config('lock_timeout', $1, true)",
         )
         .bind(PRUNE_LOCK_TIMEOUT.as_millis().to_string())
+        .persistent(self.persistent)
         .execute(&mut *tx)
         .await?;
         if !dry_run {
             let ours: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
                 .bind(PRUNE_LOCK)
+                .persistent(self.persistent)
                 .fetch_one(&mut *tx)
                 .await?;
             if !ours {
@@ -870,7 +1156,7 @@ impl PostgresStore {
                 return Ok(None);
             }
         }
-        let mut doomed: Vec<Partition> = partitions(&mut *tx)
+        let mut doomed: Vec<Partition> = partitions(&mut *tx, self.persistent)
             .await?
             .into_iter()
             .filter(|partition| partition.bounds.is_some_and(|bounds| bounds.ends_by(before_ms)))
@@ -926,6 +1212,7 @@ impl PostgresStore {
             if let Some(until) = pruned.iter().map(|period| period.until_ms).max() {
                 sqlx::query(sql::FORGET_NOTES)
                     .bind(until)
+                    .persistent(self.persistent)
                     .execute(&mut *tx)
                     .await?;
             }
@@ -947,7 +1234,10 @@ struct Partition {
 }
 
 /// The partitions of `audit_log` (those being detached left out).
-async fn partitions(executor: impl Executor<'_, Database = Postgres>) -> Result<Vec<Partition>, sqlx::Error> {
+async fn partitions(
+    executor: impl Executor<'_, Database = Postgres>,
+    persistent: bool,
+) -> Result<Vec<Partition>, sqlx::Error> {
     let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
         "SELECT c.relname::text, format('%I.%I', n.nspname, c.relname), pg_get_expr(c.relpartbound, c.oid) \
          FROM pg_inherits i \
@@ -955,6 +1245,7 @@ async fn partitions(executor: impl Executor<'_, Database = Postgres>) -> Result<
          JOIN pg_namespace n ON n.oid = c.relnamespace \
          WHERE i.inhparent = 'audit_log'::regclass AND NOT i.inhdetachpending",
     )
+    .persistent(persistent)
     .fetch_all(executor)
     .await?;
     Ok(rows
@@ -1025,6 +1316,7 @@ async fn insert_audit(
     columns: AuditArrays,
     remembered: &[RememberedEntry],
     counters: Option<WriteBack<'_>>,
+    persistent: bool,
 ) -> Result<(), sqlx::Error> {
     // Rare, and disjoint from the keys written back below: a key is either.
     if let Some(counters) = counters
@@ -1034,6 +1326,7 @@ async fn insert_audit(
         sqlx::query(DELETE_EMPTIED)
             .bind(&counters.emptied_principals)
             .bind(&counters.emptied_capabilities)
+            .persistent(persistent)
             .execute(&mut *tx)
             .await?;
     }
@@ -1077,7 +1370,7 @@ async fn insert_audit(
                 .bind(counters.window_starts),
             None => query,
         };
-        query.execute(&mut *tx).await?;
+        query.persistent(persistent).execute(&mut *tx).await?;
     }
     if !remembered.is_empty() {
         let mut gateways = Vec::with_capacity(remembered.len());
@@ -1105,6 +1398,7 @@ async fn insert_audit(
         .bind(responses)
         .bind(ats)
         .bind(fingerprints)
+        .persistent(persistent)
         .execute(&mut *tx)
         .await?;
     }
@@ -1173,6 +1467,7 @@ async fn lock_counters(
     tx: &mut PgConnection,
     keys: &[(&str, &str)],
     lock: Lock,
+    persistent: bool,
 ) -> Result<Option<Vec<LockedCounter>>, sqlx::Error> {
     let (principals, capabilities): (Vec<&str>, Vec<&str>) = keys.iter().copied().unzip();
     // INVARIANT: either way the rows are locked in `keys` order (`k.n`, the
@@ -1190,6 +1485,7 @@ async fn lock_counters(
     let found: Vec<LockedCounter> = sqlx::query_as(statement)
         .bind(&principals)
         .bind(&capabilities)
+        .persistent(persistent)
         .fetch_all(&mut *tx)
         .await?;
     // Distinct keys: as many rows as keys when every key has one.
@@ -1484,7 +1780,7 @@ mod plans {
             // A batch of 64 capped calls, each on a counter of its own.
             let principals: Vec<String> = (0..64).map(|n| format!("p{}", 1 + run * 64 + n)).collect();
             let keys: Vec<(&str, &str)> = principals.iter().map(|p| (p.as_str(), "tickets.read")).collect();
-            let locked = super::lock_counters(&mut tx, &keys, super::Lock::Existing)
+            let locked = super::lock_counters(&mut tx, &keys, super::Lock::Existing, true)
                 .await
                 .expect("lock")
                 .expect("every counter has its row");
@@ -1506,7 +1802,7 @@ mod plans {
                 ..Default::default()
             };
             let columns = super::AuditArrays::of(&records).expect("records");
-            super::insert_audit(&mut tx, columns, &[], Some(write))
+            super::insert_audit(&mut tx, columns, &[], Some(write), true)
                 .await
                 .expect("write back and insert");
         }

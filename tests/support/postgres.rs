@@ -1,5 +1,10 @@
 //! A fresh PostgreSQL database per test, on the server in `DATABASE_URL`.
 //!
+//! With `CAPGATE_TEST_POOLER_URL` set as well (a PgBouncer in front of that
+//! server: scripts/pgbouncer.sh), the stores under test reach the database
+//! through it instead, with that URL's `pooler=` setting; the database is
+//! still created, migrated and dropped on the server itself.
+//!
 //! Without `DATABASE_URL` a PostgreSQL test says it was skipped and passes —
 //! unless `CAPGATE_REQUIRE_POSTGRES=1` (scripts/test.sh sets it), where the
 //! absence fails it. The database is dropped when its [`TestDatabase`] is,
@@ -67,18 +72,15 @@ impl TestDatabase {
     /// The database as a URL, for `--database-url`: `DATABASE_URL` with its
     /// path replaced (the query, if any, kept).
     pub fn url(&self) -> String {
-        let (base, query) = match self.server_url.split_once('?') {
-            Some((base, query)) => (base, Some(query)),
-            None => (self.server_url.as_str(), None),
-        };
-        let authority_start = base.find("://").map_or(0, |at| at + 3);
-        let base = match base[authority_start..].find('/') {
-            Some(slash) => &base[..authority_start + slash],
-            None => base,
-        };
-        match query {
-            Some(query) => format!("{base}/{}?{query}", self.name),
-            None => format!("{base}/{}", self.name),
+        with_database(&self.server_url, &self.name)
+    }
+
+    /// How the stores under test reach the database: through the pooler in
+    /// `CAPGATE_TEST_POOLER_URL` when it is set, else as [`TestDatabase::url`].
+    pub fn store_url(&self) -> String {
+        match pooler_url() {
+            Some(pooler) => with_database(&pooler, &self.name),
+            None => self.url(),
         }
     }
 
@@ -114,13 +116,54 @@ impl TestDatabase {
             .port(addr.port())
     }
 
-    /// A store on this database, migrated.
+    /// A store on this database, migrated, reached as [`TestDatabase::store_url`] says.
     pub async fn store(&self) -> PostgresStore {
-        let store = PostgresStore::connect_with(self.options.clone(), &StoreOptions::default())
+        self.migrate().await.expect("migrate the test database");
+        let store = PostgresStore::connect(&self.store_url(), &StoreOptions::default())
             .await
             .expect("open the test database");
-        store.migrate().await.expect("migrate the test database");
+        // Through a transaction pooler this only checks that the schema is current.
+        store.migrate().await.expect("the schema is current");
         store
+    }
+
+    /// Migrates the database on the server itself: through a pooler in transaction mode,
+    /// `capgate migrate` refuses to run (it holds a session's advisory lock).
+    pub async fn migrate(&self) -> Result<(), capgate::store::StoreError> {
+        PostgresStore::connect_with(self.options.clone(), &StoreOptions::default())
+            .await?
+            .migrate()
+            .await
+    }
+}
+
+/// `CAPGATE_TEST_POOLER_URL`, when set and not empty.
+pub fn pooler_url() -> Option<String> {
+    std::env::var("CAPGATE_TEST_POOLER_URL")
+        .ok()
+        .filter(|url| !url.is_empty())
+}
+
+/// Whether the stores under test reach their database through a pooler in
+/// transaction mode, where they do not listen for notifications.
+pub fn through_transaction_pooler() -> bool {
+    pooler_url().is_some_and(|url| url.contains("pooler=transaction"))
+}
+
+/// `url` with its path (the database) replaced by `name`, its query kept.
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let authority_start = base.find("://").map_or(0, |at| at + 3);
+    let base = match base[authority_start..].find('/') {
+        Some(slash) => &base[..authority_start + slash],
+        None => base,
+    };
+    match query {
+        Some(query) => format!("{base}/{name}?{query}"),
+        None => format!("{base}/{name}"),
     }
 }
 
