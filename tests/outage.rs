@@ -418,3 +418,236 @@ async fn a_frozen_store_is_answered_within_the_store_deadline() {
 async fn a_slow_store_is_answered_within_the_store_deadline() {
     capped_calls_during(Mode::Delay(Duration::from_millis(200))).await;
 }
+
+/// `capgate serve` on a fresh database behind a proxy, with the example policy, `--store-timeout
+/// 500ms` (the default) and the given extra flags; three capped calls made, so that the store's
+/// connections are open and its statements prepared.
+async fn serve_behind(proxy: &Proxy, database: &TestDatabase, dir: &Path, extra: &[&str]) -> Serve {
+    let (policy, catalog) = (dir.join("policy.yaml"), dir.join("catalog.yaml"));
+    std::fs::write(&policy, POLICY).expect("write the policy");
+    std::fs::write(&catalog, CATALOG).expect("write the catalog");
+    let url = database.url_via(proxy.addr);
+    let (policy, catalog) = (
+        policy.to_str().expect("a UTF-8 path").to_owned(),
+        catalog.to_str().expect("a UTF-8 path").to_owned(),
+    );
+    let mut args = vec!["--database-url", &url, "--policy", &policy, "--catalog", &catalog];
+    args.extend_from_slice(extra);
+    let serve = Serve::start(&args).await;
+    let mut client = DecisionServiceClient::new(serve.channel().await);
+    for _ in 0..3 {
+        client.decide(capped()).await.expect("a decision");
+    }
+    serve
+}
+
+/// The `answer_lost` notes on `decision_id`, read directly, once there is one.
+async fn lost_answer_note(direct: &PostgresStore, decision_id: &str) -> capgate::store::DecisionNote {
+    let deadline = Instant::now() + RECOVER_WITHIN;
+    loop {
+        let notes = direct
+            .decision_notes(&[decision_id.to_owned()])
+            .await
+            .expect("read the notes");
+        if let Some(note) = notes
+            .into_iter()
+            .find(|note| note.kind == capgate::store::Note::AnswerLost)
+        {
+            return note;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no answer_lost note on {decision_id} within {RECOVER_WITHIN:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What `capgate audit --decision-id` prints, read directly from the database.
+fn audit_cli(database: &TestDatabase, decision_id: &str) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_capgate"))
+        .args([
+            "audit",
+            "--database-url",
+            &database.url(),
+            "--decision-id",
+            decision_id,
+        ])
+        .output()
+        .expect("run capgate audit");
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8(output.stdout).expect("UTF-8")
+}
+
+/// The commit of a capped call reaches PostgreSQL and commits, and the answer to `COMMIT` is lost
+/// on the way back (the proxy drops the connection once the server answers): the call may have
+/// been counted, so its caller is denied `usage_unknown` (spooled). The trail holds the record
+/// the commit stored — an allow — and, beside it, the correction saying what the caller got;
+/// `capgate audit` shows both. Without the correction the trail would say `allow` to a caller that
+/// was denied (issue 28, item 6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_is_lost_is_corrected_beside_its_record() {
+    let Some(database) = TestDatabase::create().await else {
+        return;
+    };
+    let proxy = Proxy::start(database.server_addr()).await;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let spool = dir.path().join("spool");
+    let spool = spool.to_str().expect("a UTF-8 path");
+    let serve = serve_behind(&proxy, &database, dir.path(), &["--audit-spool", spool]).await;
+    let mut client = DecisionServiceClient::new(serve.channel().await);
+
+    proxy.set(Mode::LoseCommitAnswers);
+    let answer = client.decide(capped()).await.expect("answered").into_inner();
+    proxy.heal();
+    let (outcome, reason, _, _) = summary(&answer);
+    assert_eq!(
+        (outcome, reason),
+        (Outcome::Deny, ReasonCode::UsageUnknown),
+        "{answer:?}"
+    );
+
+    let direct = database.store().await;
+    let note = lost_answer_note(&direct, &answer.decision_id).await;
+    let stored = direct
+        .query_audit(&AuditFilter {
+            decision_id: Some(answer.decision_id.clone()),
+            limit: 10,
+            ..AuditFilter::default()
+        })
+        .await
+        .expect("read the trail");
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(
+        stored[0].outcome,
+        capgate::store::RecordOutcome::Allow,
+        "the commit landed: {stored:?}"
+    );
+    assert!(
+        note.detail.starts_with("the caller received deny usage_unknown"),
+        "{note:?}"
+    );
+    let shown = audit_cli(&database, &answer.decision_id);
+    assert!(shown.contains("allow"), "{shown}");
+    assert!(
+        shown.contains("answer_lost  by capgate, answering") && shown.contains("deny usage_unknown"),
+        "{shown}"
+    );
+}
+
+/// Without a spool, the same lost commit answer fails the call `UNAVAILABLE` (no decision
+/// reached the caller), while the record says what was decided: the correction waits in memory
+/// until the store answers again, then is stored beside the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_spool_a_lost_commit_answer_is_corrected_once_the_store_answers() {
+    let Some(database) = TestDatabase::create().await else {
+        return;
+    };
+    let proxy = Proxy::start(database.server_addr()).await;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let serve = serve_behind(&proxy, &database, dir.path(), &[]).await;
+    let mut client = DecisionServiceClient::new(serve.channel().await);
+    let direct = database.store().await;
+    let before: BTreeSet<String> = all_ids(&direct).await;
+
+    proxy.set(Mode::LoseCommitAnswers);
+    let failed = client
+        .decide(uncapped())
+        .await
+        .expect_err("no decision reaches the caller");
+    proxy.heal();
+    assert_eq!(failed.code(), Code::Unavailable, "{failed:?}");
+    // The next commit finds the store answering; the correction follows it.
+    client.decide(uncapped()).await.expect("a decision");
+
+    let lost: Vec<String> = all_ids(&direct).await.difference(&before).cloned().collect();
+    assert_eq!(lost.len(), 2, "the lost call's record and the next one: {lost:?}");
+    let lost_id = lost.iter().min().expect("the first of the two").clone();
+    let note = lost_answer_note(&direct, &lost_id).await;
+    assert!(
+        note.detail
+            .starts_with("the caller received no decision (UNAVAILABLE)"),
+        "{note:?}"
+    );
+    let shown = audit_cli(&database, &lost_id);
+    assert!(
+        shown.contains("answer_lost") && shown.contains("no decision"),
+        "{shown}"
+    );
+}
+
+async fn all_ids(direct: &PostgresStore) -> BTreeSet<String> {
+    direct
+        .query_audit(&AuditFilter {
+            limit: 10_000,
+            ..AuditFilter::default()
+        })
+        .await
+        .expect("read the audit trail")
+        .into_iter()
+        .map(|record| record.decision_id)
+        .collect()
+}
+
+/// During an outage every batch, every poll and every keyed request meets the same failure: each
+/// line that says so is written once, not once per occurrence (issue 28, item 7: ~460 lines
+/// per replica in 27 s before). Counted in the real binary's log over a 3-second outage with
+/// the policy polled every 100 ms and callers sending request ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_outage_logs_each_failure_once_not_per_call() {
+    let Some(database) = TestDatabase::create().await else {
+        return;
+    };
+    let proxy = Proxy::start(database.server_addr()).await;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let serve = serve_behind(
+        &proxy,
+        &database,
+        dir.path(),
+        &["--poll-interval", "100ms", "--store-timeout", "50ms"],
+    )
+    .await;
+    let channel = serve.channel().await;
+
+    proxy.set(Mode::Refuse);
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut callers = tokio::task::JoinSet::new();
+    for caller in 0..4 {
+        let mut client = DecisionServiceClient::new(channel.clone());
+        callers.spawn(async move {
+            let mut calls = 0u32;
+            while Instant::now() < until {
+                let mut request = if calls % 2 == 0 { capped() } else { uncapped() };
+                request.request_id = format!("outage-{caller}-{calls}");
+                let _ = client.decide(request).await;
+                calls += 1;
+            }
+            calls
+        });
+    }
+    let mut calls = 0;
+    while let Some(made) = callers.join_next().await {
+        calls += made.expect("a caller");
+    }
+    proxy.heal();
+
+    let logs = serve.logs();
+    for line in [
+        "audit store unavailable and no spool configured",
+        "cannot refresh the active policy",
+        "cannot claim the request id",
+        "claiming the request id did not answer in time",
+        "the usage counters cannot be counted",
+    ] {
+        let written = logs.matches(line).count();
+        assert!(
+            written <= 1,
+            "`{line}` written {written} times in {calls} calls:\n{logs}"
+        );
+    }
+    assert!(calls >= 20, "only {calls} calls in 3 s");
+    assert!(
+        logs.contains("audit store unavailable and no spool configured"),
+        "the outage is logged at all:\n{logs}"
+    );
+}

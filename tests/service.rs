@@ -22,8 +22,8 @@ use std::time::Duration;
 use capgate::service::{self, Config, ConfigError, PolicyFile, Running, StartError, Token};
 use capgate::store::{
     self, ActivateOutcome, AnyStore, AuditFilter, AuditRecord, Claim, CounterKey, CounterReading,
-    DecisionNote, ExpectedRevision, NewPolicy, PrunedPeriod, PublishOutcome, RecordOutcome, Remembered,
-    SqliteStore, Store, StoreError, StoreOptions, StoreResult, StoredPolicy,
+    DecisionNote, ExpectedRevision, LostAnswer, NewPolicy, Note, PrunedPeriod, PublishOutcome, RecordOutcome,
+    Remembered, SqliteStore, Store, StoreError, StoreOptions, StoreResult, StoredPolicy,
 };
 use capgate::wire::proto::decision_service_client::DecisionServiceClient;
 use capgate::wire::proto::policy_service_client::PolicyServiceClient;
@@ -34,7 +34,7 @@ use capgate::wire::proto::{
     ReasonCode,
 };
 use support::client::{
-    ana, decision, example_with_ceiling, for_capability, for_tool, principal, recorded_code,
+    ana, code, decision, example_with_ceiling, for_capability, for_tool, principal, recorded_code,
     recorded_outcome, summary, CATALOG, POLICY,
 };
 use support::postgres::TestDatabase;
@@ -77,6 +77,7 @@ macro_rules! on_both_stores {
 
 on_both_stores! {
     invalid_artifacts_are_refused_with_positions_and_not_stored,
+    a_lost_answer_is_noted_only_where_the_record_says_otherwise,
     publish_dry_run_identical_conflict_list_and_rollback,
     the_startup_file_is_published_only_when_it_differs,
     decide_answers_the_worked_examples,
@@ -274,6 +275,9 @@ impl Store for Flaky {
     }
     fn note_decision(&self, note: &DecisionNote) -> impl Future<Output = StoreResult<bool>> + Send {
         self.inner.note_decision(note)
+    }
+    fn correct_lost_answer(&self, lost: &LostAnswer) -> impl Future<Output = StoreResult<bool>> + Send {
+        self.inner.correct_lost_answer(lost)
     }
     fn decision_notes(
         &self,
@@ -2055,6 +2059,86 @@ async fn a_gateway_notes_what_happened_after_its_allow(kind: Kind) {
         .find(|record| record.decision_id == allowed.decision_id)
         .unwrap();
     assert_eq!(record.outcome, capgate::store::RecordOutcome::Allow);
+    harness.stop().await;
+}
+
+/// A lost answer is noted only beside a stored record that says something else, once
+/// (docs/decisions/0031): a denied caller beside an allow, no decision beside a deny; nothing
+/// beside a record that says what the caller received, nor for a decision with no record.
+async fn a_lost_answer_is_noted_only_where_the_record_says_otherwise(kind: Kind) {
+    let harness = Harness::start(kind, |_| {}).await;
+    harness.publish(POLICY, Some(CATALOG)).await.unwrap();
+    let allowed = harness
+        .decide(for_capability(ana(), "docs.page.search"))
+        .await
+        .unwrap();
+    let denied = harness
+        .decide(for_capability(ana(), "billing.refund.create"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (recorded_outcome(&allowed), recorded_outcome(&denied)),
+        ("allow", "deny")
+    );
+    let lost = |decision_id: &str, received: Option<(RecordOutcome, &str)>| LostAnswer {
+        decision_id: decision_id.to_owned(),
+        gateway: "loopback".to_owned(),
+        at_ms: 1,
+        received: received.map(|(outcome, code)| (outcome, code.to_owned())),
+    };
+    let denied_code = recorded_code(code(&denied));
+    for (answer, noted) in [
+        // What the record says: nothing to correct.
+        (
+            lost(&allowed.decision_id, Some((RecordOutcome::Allow, "granted"))),
+            false,
+        ),
+        (
+            lost(&denied.decision_id, Some((RecordOutcome::Deny, &denied_code))),
+            false,
+        ),
+        // No record of the decision.
+        (lost("01934b5e-0000-7000-8000-000000000000", None), false),
+        (lost("not-an-id", None), false),
+        // The record says otherwise: noted, once.
+        (
+            lost(&allowed.decision_id, Some((RecordOutcome::Deny, "usage_unknown"))),
+            true,
+        ),
+        (
+            lost(&allowed.decision_id, Some((RecordOutcome::Deny, "usage_unknown"))),
+            false,
+        ),
+        (lost(&denied.decision_id, None), true),
+    ] {
+        let stored = harness.store.correct_lost_answer(&answer).await.unwrap();
+        assert_eq!(stored, noted, "{answer:?}");
+    }
+    let notes = harness
+        .store
+        .decision_notes(&[allowed.decision_id.clone(), denied.decision_id.clone()])
+        .await
+        .unwrap();
+    let seen: Vec<(&str, Note, &str)> = notes
+        .iter()
+        .map(|note| (note.decision_id.as_str(), note.kind, note.detail.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (
+                allowed.decision_id.as_str(),
+                Note::AnswerLost,
+                "the caller received deny usage_unknown: the commit that stored this record lost its answer"
+            ),
+            (
+                denied.decision_id.as_str(),
+                Note::AnswerLost,
+                "the caller received no decision (UNAVAILABLE): the commit that stored this record lost \
+                 its answer"
+            ),
+        ]
+    );
     harness.stop().await;
 }
 

@@ -21,7 +21,7 @@ use std::time::Duration;
 use std::fmt::Write as _;
 
 use crate::store::{
-    AuditFilter, AuditRecord, DecisionNote, Door, GroupKey, RecordKind, RecordOutcome, Store,
+    AuditFilter, AuditRecord, DecisionNote, Door, GroupKey, Note, RecordKind, RecordOutcome, Store,
 };
 
 use super::remote::{parse_duration, runtime, Database};
@@ -153,18 +153,20 @@ fn query(args: &Query) -> Result<Outcome, Failure> {
             .query_audit(&filter)
             .await
             .map_err(|error| args.database.explain(error))?;
-        // Only an allow can be noted (`NoteDecision`).
-        let allowed: Vec<String> = records
-            .iter()
-            .filter(|record| record.outcome == RecordOutcome::Allow)
-            .map(|record| record.decision_id.clone())
-            .collect();
-        // A store an older server migrated has no notes table yet, and so no notes.
-        let notes = match store.decision_notes(&allowed).await {
-            Ok(notes) => notes,
-            Err(error) if error.is_missing_table() => Vec::new(),
-            Err(error) => return Err(Failure::Input(error.to_string())),
-        };
+        // A gateway notes allows (`NoteDecision`); capgate notes any decision whose answer was
+        // lost (`answer_lost`).
+        let decided: Vec<String> = records.iter().map(|record| record.decision_id.clone()).collect();
+        // In chunks: a database takes a bounded number of parameters (PostgreSQL 65,535),
+        // `--limit` does not. A store an older server migrated has no notes table yet, and so no
+        // notes.
+        let mut notes = Vec::new();
+        for ids in decided.chunks(NOTES_PER_QUERY) {
+            match store.decision_notes(ids).await {
+                Ok(found) => notes.extend(found),
+                Err(error) if error.is_missing_table() => break,
+                Err(error) => return Err(Failure::Input(error.to_string())),
+            }
+        }
         Ok::<_, Failure>((records, notes))
     })?;
     let stdout = if args.json {
@@ -188,6 +190,9 @@ fn query(args: &Query) -> Result<Outcome, Failure> {
     Ok(Outcome::stdout(stdout, Exit::Done))
 }
 
+/// How many decision ids one query for their notes names.
+const NOTES_PER_QUERY: usize = 1_000;
+
 fn notes_of<'a>(notes: &'a [DecisionNote], decision_id: &'a str) -> impl Iterator<Item = &'a DecisionNote> {
     notes.iter().filter(move |note| note.decision_id == decision_id)
 }
@@ -209,12 +214,16 @@ fn human(records: &[AuditRecord], notes: &[DecisionNote]) -> String {
     for record in records {
         let _ = writeln!(out, "{}", line(record));
         for note in notes_of(notes, &record.decision_id) {
+            let by = match note.kind {
+                // capgate's own correction: the gateway is the one that was answered.
+                Note::AnswerLost => format!("by capgate, answering {}", note.gateway),
+                Note::CredentialFailed | Note::UpstreamFailed => format!("by {}", note.gateway),
+            };
             let _ = writeln!(
                 out,
-                "    noted {}  {}  by {}: {}",
+                "    noted {}  {}  {by}: {}",
                 clock::format(note.at_ms),
                 note.kind.as_str(),
-                note.gateway,
                 note.detail
             );
         }

@@ -21,6 +21,7 @@ use tonic_health::ServingStatus;
 
 use crate::identity::{read_static_keys, StaticKeys};
 use crate::store::{Store, StoreError, StoredPolicy};
+use crate::telemetry::{throttle, Throttle};
 use capgate_core::capabilities::Catalog;
 use capgate_core::policy::{compile, load_catalog, CompiledPolicy, Diagnostic, Document};
 
@@ -223,6 +224,12 @@ impl ActivePolicy {
     /// every `interval`, whichever comes first.
     pub async fn follow<S: Store>(self, store: S, interval: Duration, mut stop: watch::Receiver<bool>) {
         let mut notifications_broken = false;
+        // Every poll meets the same outage: its lines are written at most once a minute.
+        let (lost_notifications, failed_refreshes) = (
+            Throttle::every(throttle::OUTAGE_EVERY),
+            Throttle::every(throttle::OUTAGE_EVERY),
+        );
+        let mut refresh_failing = false;
         loop {
             let notified = async {
                 if notifications_broken {
@@ -236,15 +243,35 @@ impl ActivePolicy {
                 _ = stop.changed() => return,
                 result = notified => {
                     if let Err(error) = result {
-                        tracing::warn!(%error, "policy notifications lost; polling until they resume");
+                        if let Some(held_back) = lost_notifications.check() {
+                            tracing::warn!(
+                                %error,
+                                losses_not_logged = held_back,
+                                "policy notifications lost; polling until they resume"
+                            );
+                        }
                         notifications_broken = true;
                         continue;
                     }
                 }
                 () = tokio::time::sleep(interval) => notifications_broken = false,
             }
-            if let Err(error) = self.refresh(&store, None).await {
-                tracing::warn!(%error, "cannot refresh the active policy; keeping the current version");
+            match self.refresh(&store, None).await {
+                Err(error) => {
+                    refresh_failing = true;
+                    if let Some(held_back) = failed_refreshes.check() {
+                        tracing::warn!(
+                            %error,
+                            failures_not_logged = held_back,
+                            "cannot refresh the active policy; keeping the current version"
+                        );
+                    }
+                }
+                Ok(_) if std::mem::take(&mut refresh_failing) => {
+                    failed_refreshes.reset();
+                    tracing::info!("the active policy is refreshed again");
+                }
+                Ok(_) => {}
             }
         }
     }

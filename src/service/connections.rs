@@ -48,6 +48,7 @@ use tonic::transport::server::Connected;
 
 use super::config::{Connections, Tls};
 use crate::telemetry::metrics::{metrics, CloseReason};
+pub(crate) use crate::telemetry::Throttle;
 
 /// The first 24 bytes a client sends on an HTTP/2 connection (RFC 9113 §3.4).
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -64,8 +65,6 @@ const FILES_FOR_THE_REST: u64 = 64;
 /// Back-off after an `accept` that failed for want of resources.
 const FIRST_PAUSE: Duration = Duration::from_millis(5);
 const LONGEST_PAUSE: Duration = Duration::from_secs(1);
-/// At most one warning per kind this often; the ones in between are counted in the next.
-const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// Accepts on the listeners and hands tonic the connections that finished their handshake.
 pub struct Acceptor {
@@ -638,29 +637,5 @@ impl<B: Body + Unpin> Body for CountedBody<B> {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
-    }
-}
-
-/// Lets a warning through at most every [`WARN_EVERY`], counting the ones held back.
-#[derive(Default)]
-pub(crate) struct Throttle {
-    state: Mutex<(Option<Instant>, u64)>,
-}
-
-impl Throttle {
-    /// `Some(held back since the last one)` when a warning may be written now.
-    pub(crate) fn check(&self) -> Option<u64> {
-        let mut state = self
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (last, held_back) = &mut *state;
-        let now = Instant::now();
-        if last.is_some_and(|last| now < last + WARN_EVERY) {
-            *held_back += 1;
-            return None;
-        }
-        *last = Some(now);
-        Some(std::mem::take(held_back))
     }
 }

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use crate::identity::jwks::{KeysError, OidcDirectory};
 use crate::identity::jwt;
 use crate::identity::{self, KeyedIssuer, Presented};
+use crate::telemetry::{throttle, Throttle};
 use capgate_core::principals::{resolve_asserted, AuthProblem, Issuer, IssuerKind, Principal, Resolution};
 
 use super::active::Active;
@@ -265,7 +266,16 @@ async fn bearer(
 }
 
 fn keys_unavailable(issuer: &Issuer, error: &KeysError) -> Refusal {
-    tracing::warn!(issuer = %issuer.id, %error, "cannot authenticate a bearer token: keys unavailable");
+    // Every request with a token meets the same unreachable issuer.
+    static UNAVAILABLE: Throttle = Throttle::every(throttle::EVERY);
+    if let Some(held_back) = UNAVAILABLE.check() {
+        tracing::warn!(
+            issuer = %issuer.id,
+            %error,
+            requests_not_logged = held_back,
+            "cannot authenticate a bearer token: keys unavailable"
+        );
+    }
     Refusal::Unavailable(format!(
         "the keys of issuer `{}` cannot be fetched, so the token cannot be checked; retry later",
         issuer.id

@@ -535,12 +535,14 @@ pub struct AuditRecord {
     pub first_decision_id: Option<String>,
 }
 
-/// What a gateway noted about an allowed call after it (`NoteDecision`), appended to the
-/// decision's audit trail. The record itself is never updated.
+/// What a gateway noted about an allowed call after it (`NoteDecision`), or capgate's correction
+/// of what a caller received ([`Note::AnswerLost`]), appended to the decision's audit trail. The
+/// record itself is never updated.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DecisionNote {
     pub decision_id: String,
-    /// The gateway that noted it: always the one the allow was given to.
+    /// The gateway that noted it (always the one the allow was given to), or, for a correction,
+    /// the gateway that was answered.
     pub gateway: String,
     pub kind: Note,
     /// As the gateway wrote it (bounded; the gateway's to keep free of secrets).
@@ -548,7 +550,36 @@ pub struct DecisionNote {
     pub at_ms: i64,
 }
 
-/// What happened at the gateway after an allow.
+/// What a caller received instead of what a decision's record says, when the commit that stored
+/// the record lost its answer (docs/decisions/0031): a capped call denied `usage_unknown`, or no
+/// decision at all (`UNAVAILABLE`). Kept by the audit writer (in the spool, or in memory until the
+/// store answers) and stored as an [`Note::AnswerLost`] note when a record of the decision is
+/// stored and says otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LostAnswer {
+    pub decision_id: String,
+    /// The gateway that was answered.
+    pub gateway: String,
+    /// When the caller was answered.
+    pub at_ms: i64,
+    /// The decision the caller received (`deny`, `usage_unknown`); `None`: no decision, the call
+    /// failed `UNAVAILABLE`.
+    pub received: Option<(RecordOutcome, String)>,
+}
+
+impl LostAnswer {
+    /// The note's `detail`: what the caller received, in words.
+    pub fn detail(&self) -> String {
+        let received = match &self.received {
+            Some((outcome, code)) => format!("{} {code}", outcome.as_str()),
+            None => "no decision (UNAVAILABLE)".to_owned(),
+        };
+        format!("the caller received {received}: the commit that stored this record lost its answer")
+    }
+}
+
+/// What happened after a decision was recorded: at the gateway after an allow, or to the answer
+/// itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Note {
@@ -556,6 +587,10 @@ pub enum Note {
     CredentialFailed,
     /// The upstream could not be reached, or failed the call.
     UpstreamFailed,
+    /// capgate's own correction: the commit that stored the record lost its answer, so the caller
+    /// was answered otherwise (`detail` says how: `usage_unknown`, or no answer at all), while the
+    /// record may have been stored as decided (docs/decisions/0031).
+    AnswerLost,
 }
 
 impl Note {
@@ -563,11 +598,12 @@ impl Note {
         match self {
             Note::CredentialFailed => "credential_failed",
             Note::UpstreamFailed => "upstream_failed",
+            Note::AnswerLost => "answer_lost",
         }
     }
 
     pub fn parse(text: &str) -> Option<Note> {
-        [Note::CredentialFailed, Note::UpstreamFailed]
+        [Note::CredentialFailed, Note::UpstreamFailed, Note::AnswerLost]
             .into_iter()
             .find(|note| note.as_str() == text)
     }
@@ -962,6 +998,11 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// for the same decision keeps the first: a retried call notes once.
     fn note_decision(&self, note: &DecisionNote) -> impl Future<Output = StoreResult<bool>> + Send;
 
+    /// Stores `lost` as an [`Note::AnswerLost`] note when a record of its decision is stored and
+    /// holds something other than what the caller received, and says whether it did. Once per
+    /// decision, like every note.
+    fn correct_lost_answer(&self, lost: &LostAnswer) -> impl Future<Output = StoreResult<bool>> + Send;
+
     /// The notes on these decisions, oldest first.
     fn decision_notes(
         &self,
@@ -1158,6 +1199,10 @@ impl Store for AnyStore {
 
     async fn note_decision(&self, note: &DecisionNote) -> StoreResult<bool> {
         with_store!(self, store => store.note_decision(note).await)
+    }
+
+    async fn correct_lost_answer(&self, lost: &LostAnswer) -> StoreResult<bool> {
+        with_store!(self, store => store.correct_lost_answer(lost).await)
     }
 
     async fn decision_notes(&self, decision_ids: &[String]) -> StoreResult<Vec<DecisionNote>> {

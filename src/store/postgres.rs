@@ -44,7 +44,7 @@ use super::sql::{
 use super::{
     ActivateOutcome, Activation, ActivationKind, Actor, AuditFilter, AuditGroup, AuditRecord, Claim,
     CommitGate, CounterAsk, CounterKey, CounterReading, DecisionNote, ExpectedRevision, Fingerprint,
-    GroupKey, NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, RememberedEntry,
+    GroupKey, LostAnswer, NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, RememberedEntry,
     Settle, Store, StoreError, StoreOptions, StoreResult, StoredCounter, StoredPolicy, Tally, UsageReset,
 };
 
@@ -943,6 +943,32 @@ impl Store for PostgresStore {
         }
         session.end().await.during("note_decision")?;
         Ok(found > 0)
+    }
+
+    async fn correct_lost_answer(&self, lost: &LostAnswer) -> StoreResult<bool> {
+        let Some((from, until)) = sql::decided_around(&lost.decision_id) else {
+            return Ok(false);
+        };
+        let (outcome, code) = match &lost.received {
+            Some((outcome, code)) => (outcome.as_str(), code.as_str()),
+            None => ("", ""),
+        };
+        let mut session = self.session().await.during("correct_lost_answer")?;
+        let inserted = sqlx::query(sql::INSERT_CORRECTION)
+            .bind(&lost.decision_id)
+            .bind(lost.at_ms)
+            .bind(&lost.gateway)
+            .bind(lost.detail())
+            .bind(from)
+            .bind(until)
+            .bind(outcome)
+            .bind(code)
+            .persistent(self.persistent)
+            .execute(&mut *session)
+            .await
+            .during("correct_lost_answer")?;
+        session.end().await.during("correct_lost_answer")?;
+        Ok(inserted.rows_affected() > 0)
     }
 
     async fn decision_notes(&self, decision_ids: &[String]) -> StoreResult<Vec<DecisionNote>> {

@@ -199,6 +199,17 @@ pub(super) const NOTED_ALLOW: &str = "SELECT count(*) FROM audit_log WHERE decis
 pub(super) const INSERT_NOTE: &str = "INSERT INTO decision_notes (decision_id, kind, at, gateway, detail) \
      VALUES ($1, $2, $3, $4, $5) ON CONFLICT (decision_id, kind) DO NOTHING";
 
+/// `correct_lost_answer`: the note, when a record of decision `$1` decided between `$5` and `$6`
+/// holds something other than outcome `$7` with code `$8` (what the caller received; `''` for no
+/// decision, which no record holds). Casts rather than `::` so that SQLite reads it too, and a
+/// `WHERE` so that SQLite does not read `ON CONFLICT` as a join's `ON`.
+pub(super) const INSERT_CORRECTION: &str =
+    "INSERT INTO decision_notes (decision_id, kind, at, gateway, detail) \
+     SELECT CAST($1 AS TEXT), 'answer_lost', CAST($2 AS BIGINT), CAST($3 AS TEXT), CAST($4 AS TEXT) \
+     WHERE EXISTS (SELECT 1 FROM audit_log WHERE decision_id = $1 AND at >= $5 AND at < $6 \
+         AND NOT (outcome = $7 AND COALESCE(code, '') = $8)) \
+     ON CONFLICT (decision_id, kind) DO NOTHING";
+
 /// How far from its id's instant a decision's `at` is looked for: the id and `at` are taken
 /// from the same clock moments apart; a day is room for any skew a replica may have.
 const NOTE_SEARCH_MS: i64 = 24 * 60 * 60 * 1000;

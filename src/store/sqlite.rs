@@ -47,8 +47,8 @@ use super::sql::{
 use super::{
     ActivateOutcome, Activation, ActivationKind, Actor, AuditFilter, AuditGroup, AuditRecord, Claim,
     CommitGate, CounterAsk, CounterKey, CounterReading, DecisionNote, ExpectedRevision, Fingerprint,
-    GroupKey, NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, RememberedEntry, Settle,
-    Store, StoreError, StoreOptions, StoreResult, StoredCounter, StoredPolicy, Tally, UsageReset,
+    GroupKey, LostAnswer, NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, RememberedEntry,
+    Settle, Store, StoreError, StoreOptions, StoreResult, StoredCounter, StoredPolicy, Tally, UsageReset,
 };
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
@@ -844,6 +844,30 @@ impl Store for SqliteStore {
             .await
             .during("note_decision")?;
         Ok(true)
+    }
+
+    async fn correct_lost_answer(&self, lost: &LostAnswer) -> StoreResult<bool> {
+        let Some((from, until)) = sql::decided_around(&lost.decision_id) else {
+            return Ok(false);
+        };
+        let (outcome, code) = match &lost.received {
+            Some((outcome, code)) => (outcome.as_str(), code.as_str()),
+            None => ("", ""),
+        };
+        let _turn = self.write_turn().await;
+        let inserted = sqlx::query(sql::INSERT_CORRECTION)
+            .bind(&lost.decision_id)
+            .bind(lost.at_ms)
+            .bind(&lost.gateway)
+            .bind(lost.detail())
+            .bind(from)
+            .bind(until)
+            .bind(outcome)
+            .bind(code)
+            .execute(&self.pool)
+            .await
+            .during("correct_lost_answer")?;
+        Ok(inserted.rows_affected() > 0)
     }
 
     async fn decision_notes(&self, decision_ids: &[String]) -> StoreResult<Vec<DecisionNote>> {

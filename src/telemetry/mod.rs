@@ -9,6 +9,7 @@
 //! | `rpc.rs` | the tower layer that makes one span per capgate RPC, and what handlers record on it |
 //! | `metrics.rs` | every instrument, by name |
 //! | `prometheus.rs` | `GET /metrics` |
+//! | `throttle.rs` | log lines an outage would repeat, written at most once per interval |
 //!
 //! INVARIANT: no token, credential, secret reference or tool argument is recorded: span fields
 //! and metric attributes are ids, outcomes, codes, revisions, versions and counts, and log lines
@@ -17,6 +18,7 @@
 pub mod metrics;
 pub mod prometheus;
 pub mod rpc;
+pub mod throttle;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -32,6 +34,7 @@ use tonic::transport::{Certificate, ClientTlsConfig};
 
 pub use metrics::{metrics, AuditPath, CallResult};
 pub use rpc::RpcLayer;
+pub use throttle::Throttle;
 
 use self::prometheus::MetricsServer;
 

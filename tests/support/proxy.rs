@@ -4,6 +4,7 @@
 //! forwarded byte for byte until [`Proxy::set`] says otherwise (see [`Mode`]).
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -31,7 +32,16 @@ pub enum Mode {
     /// A slow network: every chunk read from either side is forwarded after
     /// this delay.
     Delay(Duration),
+    /// A connection lost between a `COMMIT` and its answer: a client's
+    /// `COMMIT` (PostgreSQL's simple query message) reaches the server, then
+    /// the connection is dropped before the server's answer is passed back —
+    /// the transaction commits and its client never learns it. Other traffic
+    /// is forwarded.
+    LoseCommitAnswers,
 }
+
+/// PostgreSQL's simple query message for `COMMIT`: `Q`, the length (4 + 7), the text and its NUL.
+const COMMIT_QUERY: &[u8] = b"Q\x00\x00\x00\x0bCOMMIT\x00";
 
 impl Mode {
     /// Whether open connections are dropped in this mode.
@@ -86,7 +96,7 @@ async fn connection(inbound: TcpStream, target: SocketAddr, mut mode: watch::Rec
     loop {
         let current = *mode.borrow_and_update();
         match current {
-            Mode::Forward | Mode::Delay(_) => break,
+            Mode::Forward | Mode::Delay(_) | Mode::LoseCommitAnswers => break,
             Mode::Refuse => {
                 // A reset rather than an orderly close, as a closed port answers.
                 let _ = inbound.set_zero_linger();
@@ -108,16 +118,33 @@ async fn connection(inbound: TcpStream, target: SocketAddr, mut mode: watch::Rec
     };
     let (inbound_read, inbound_write) = inbound.into_split();
     let (outbound_read, outbound_write) = outbound.into_split();
-    // Either direction ending ends the connection.
+    // Either direction ending ends the connection. While commit answers are lost, a `COMMIT`
+    // passed on to the server makes the server's next bytes (its answer, sent once the commit is
+    // done) end the connection instead of being passed back.
+    let swallow = AtomicBool::new(false);
     tokio::select! {
-        _ = pump(inbound_read, outbound_write, mode.clone()) => {}
-        _ = pump(outbound_read, inbound_write, mode) => {}
+        _ = pump(inbound_read, outbound_write, mode.clone(), Commits::Watch(&swallow)) => {}
+        _ = pump(outbound_read, inbound_write, mode, Commits::Answer(&swallow)) => {}
     }
+}
+
+/// A pump's part in losing commit answers ([`Mode::LoseCommitAnswers`]).
+#[derive(Clone, Copy)]
+enum Commits<'a> {
+    /// From the client: a `COMMIT` sets the flag.
+    Watch(&'a AtomicBool),
+    /// From the server: with the flag set, the answer ends the connection.
+    Answer(&'a AtomicBool),
 }
 
 /// Copies chunks from `from` to `to`, holding or delaying each as the mode
 /// says when it is read, and stops when the mode drops connections.
-async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut mode: watch::Receiver<Mode>) {
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mut mode: watch::Receiver<Mode>,
+    commits: Commits<'_>,
+) {
     let mut buffer = vec![0u8; 16 * 1024];
     loop {
         let read = tokio::select! {
@@ -132,6 +159,22 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut mode: watch::
             let current = *mode.borrow_and_update();
             match current {
                 Mode::Forward => break,
+                Mode::LoseCommitAnswers => {
+                    match commits {
+                        Commits::Watch(swallow) => {
+                            let chunk = &buffer[..length];
+                            if chunk
+                                .windows(COMMIT_QUERY.len())
+                                .any(|window| window == COMMIT_QUERY)
+                            {
+                                swallow.store(true, Ordering::SeqCst);
+                            }
+                        }
+                        Commits::Answer(swallow) if swallow.load(Ordering::SeqCst) => return,
+                        Commits::Answer(_) => {}
+                    }
+                    break;
+                }
                 Mode::Delay(delay) => {
                     tokio::time::sleep(delay).await;
                     break;

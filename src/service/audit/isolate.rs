@@ -22,7 +22,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::store::{AuditRecord, CommitGate, CounterAsk, Store, Tally};
-use crate::telemetry::{metrics, CallResult};
+use crate::telemetry::{metrics, throttle, CallResult, Throttle};
 
 use super::RememberedEntry;
 
@@ -205,7 +205,14 @@ pub(super) async fn append<S: Store>(
                 fates[units].fill(Fate::Stored);
             }
             Ok(Err(error)) if error.is_counting() => {
-                tracing::warn!(%error, "the usage counters cannot be counted; capped calls are denied usage_unknown");
+                static COUNTING: Throttle = Throttle::every(throttle::EVERY);
+                if let Some(held_back) = COUNTING.check() {
+                    tracing::warn!(
+                        %error,
+                        batches_not_logged = held_back,
+                        "the usage counters cannot be counted; capped calls are denied usage_unknown"
+                    );
+                }
                 counting = false;
                 pending.push(units);
             }

@@ -40,8 +40,15 @@
 //! the call's usage is unknown and that record is what is spooled. Once the
 //! batch is committing, the deadline no longer abandons it: its capped calls
 //! wait for the commit's outcome, and a commit whose outcome is lost (it may
-//! have counted the call) answers `usage_unknown` with a warning naming the
-//! decision — a ceiling is never exceeded, at worst a call is counted and denied.
+//! have counted the call) answers `usage_unknown` — a ceiling is never
+//! exceeded, at worst a call is counted and denied.
+//!
+//! A commit whose outcome is lost may have stored records that say something
+//! other than what their callers then received (`usage_unknown`, or
+//! `UNAVAILABLE` without a spool). Each such answer is a [`LostAnswer`], kept
+//! with the spooled records (or, without a spool, in memory until the store
+//! answers) and stored as an `answer_lost` note beside a record that says
+//! otherwise (docs/decisions/0031), so that the trail tells what the caller got.
 //! A request's wait for the store starts when its batch's transaction does, not
 //! when it queued behind the one before.
 
@@ -58,8 +65,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinError, JoinHandle};
 use tokio::time::Instant;
 
-use crate::store::{AuditRecord, CommitGate, Store, Tally};
-use crate::telemetry::{metrics, AuditPath};
+use crate::store::{AuditRecord, CommitGate, LostAnswer, RecordOutcome, Store, Tally};
+use crate::telemetry::{metrics, throttle, AuditPath, Throttle};
 
 use isolate::{Appended, Batch, Fate};
 pub use isolate::{Meter, Settler};
@@ -162,8 +169,12 @@ impl AuditWriter {
             outage_logged: false,
             replay_now: true,
             replay_turn: false,
-            outages: Quiet::default(),
-            replay_failures: Quiet::default(),
+            outages: Throttle::every(throttle::OUTAGE_EVERY),
+            replay_failures: Throttle::every(throttle::OUTAGE_EVERY),
+            lost_commits: Throttle::default(),
+            unspooled: Throttle::default(),
+            spool_failures: Throttle::default(),
+            lost: Vec::new(),
         };
         let task = tokio::spawn(writer.run(queue));
         Ok((AuditWriter { jobs }, task))
@@ -239,13 +250,29 @@ struct Writer<S> {
     /// The next store operation replays a chunk even if jobs wait, so that a
     /// busy replica still drains its spool: replays and commits alternate.
     replay_turn: bool,
-    outages: Quiet,
-    replay_failures: Quiet,
+    outages: Throttle,
+    replay_failures: Throttle,
+    /// The lines every failed batch would write: a commit lost its answer, no spool, the spool
+    /// failing too.
+    lost_commits: Throttle,
+    unspooled: Throttle,
+    spool_failures: Throttle,
+    /// Answers lost without a spool to keep them: stored as notes once the store answers
+    /// ([`Writer::start_corrections`]), at most [`MAX_LOST_ANSWERS`].
+    lost: Vec<LostAnswer>,
 }
+
+/// At most this many lost answers wait in memory for the store (a replica without a spool
+/// during a long outage); past it, the next ones are logged, not kept.
+const MAX_LOST_ANSWERS: usize = 100_000;
+/// At most this many lost answers are stored per store operation, between commits.
+const CORRECTIONS_PER_TURN: usize = 64;
 
 enum Busy {
     Commit(Commit),
     Replay(JoinHandle<Replayed>),
+    /// Lost answers being stored; yields the ones that were not.
+    Corrections(JoinHandle<Vec<LostAnswer>>),
 }
 
 /// A batch of jobs in a transaction.
@@ -267,6 +294,7 @@ struct Commit {
 enum Finished {
     Commit(Result<Appended, JoinError>),
     Replay(Result<Replayed, JoinError>),
+    Corrections(Result<Vec<LostAnswer>, JoinError>),
 }
 
 /// What one replay step did.
@@ -289,7 +317,11 @@ impl<S: Store> Writer<S> {
         loop {
             self.start_work(open).await;
             if !open && self.waiting.is_empty() && self.busy.is_none() {
-                break;
+                if self.lost.is_empty() || self.failing {
+                    break;
+                }
+                self.start_corrections();
+                continue;
             }
             let spool_at = self.spool_at();
             let replay_due = open && self.busy.is_none() && !self.replay_now && self.spool_pending();
@@ -310,6 +342,15 @@ impl<S: Store> Writer<S> {
                 _ = tick.tick(), if replay_due => self.start_replay(),
             }
         }
+        if !self.lost.is_empty() {
+            let decision_ids: Vec<&str> = self.lost.iter().map(|lost| lost.decision_id.as_str()).collect();
+            tracing::error!(
+                lost_answers = decision_ids.len(),
+                decision_ids = %decision_ids.join(","),
+                "stopping with lost answers the store never took: these decisions' records may say \
+                 allow where the caller got no decision"
+            );
+        }
         tracing::debug!("audit writer stopped: every queued record is durable");
     }
 
@@ -328,7 +369,8 @@ impl<S: Store> Writer<S> {
                 remembered.extend(job_remembered);
                 acks.push(ack);
             }
-            self.spool_and_acknowledge(records, remembered, acks).await;
+            self.spool_and_acknowledge(records, remembered, Vec::new(), acks)
+                .await;
         }
         if self.busy.is_some() {
             return;
@@ -337,9 +379,47 @@ impl<S: Store> Writer<S> {
             open && self.replay_now && (self.waiting.is_empty() || self.replay_turn) && self.spool_pending();
         if replay {
             self.start_replay();
+        } else if !self.failing && !self.lost.is_empty() && (self.waiting.is_empty() || self.replay_turn) {
+            self.start_corrections();
         } else if !self.waiting.is_empty() {
             self.start_commit();
         }
+    }
+
+    /// Stores up to [`CORRECTIONS_PER_TURN`] lost answers, in a task of its own.
+    fn start_corrections(&mut self) {
+        self.replay_turn = false;
+        let take = self.lost.len().min(CORRECTIONS_PER_TURN);
+        let lost: Vec<LostAnswer> = self.lost.drain(..take).collect();
+        let (store, timeout) = (self.store.clone(), self.options.timeout);
+        self.busy = Some(Busy::Corrections(tokio::spawn(async move {
+            let deadline = Instant::now() + timeout;
+            let mut left = lost.into_iter();
+            while let Some(answer) = left.next() {
+                match tokio::time::timeout_at(deadline, store.correct_lost_answer(&answer)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(_)) | Err(_) => return std::iter::once(answer).chain(left).collect(),
+                }
+            }
+            Vec::new()
+        })));
+    }
+
+    /// Keeps answers lost without a spool for the store, up to [`MAX_LOST_ANSWERS`].
+    fn keep_lost(&mut self, lost: Vec<LostAnswer>) {
+        let room = MAX_LOST_ANSWERS.saturating_sub(self.lost.len());
+        if lost.len() > room {
+            let dropped: Vec<&str> = lost[room..]
+                .iter()
+                .map(|lost| lost.decision_id.as_str())
+                .collect();
+            tracing::error!(
+                decision_ids = %dropped.join(","),
+                "too many lost answers wait for the store; these are not kept: their records may \
+                 say allow where the caller got no decision"
+            );
+        }
+        self.lost.extend(lost.into_iter().take(room));
     }
 
     /// Commits up to a batch of the waiting jobs, in a task of its own.
@@ -443,7 +523,8 @@ impl<S: Store> Writer<S> {
         }
         let problem = format!("no commit within {} ms", self.options.spool_after.as_millis());
         self.store_fails(&problem);
-        self.spool_and_acknowledge(records, remembered, acks).await;
+        self.spool_and_acknowledge(records, remembered, Vec::new(), acks)
+            .await;
     }
 
     /// The store operation under way ended: what it was is in `busy`.
@@ -458,8 +539,18 @@ impl<S: Store> Writer<S> {
                 self.committed(commit, appended).await;
             }
             (_, Finished::Replay(replayed)) => self.replayed(replayed),
+            (_, Finished::Corrections(left)) => {
+                // A task that failed wrote what it could; the notes it held are lost with it.
+                let left = left.unwrap_or_default();
+                if !left.is_empty() {
+                    self.store_fails("the lost answers could not be stored");
+                    let mut kept = left;
+                    kept.append(&mut self.lost);
+                    self.lost = kept;
+                }
+            }
             // `finish` reports the operation in `busy`: no other commit can end.
-            (None | Some(Busy::Replay(_)), Finished::Commit(_)) => {}
+            (None | Some(Busy::Replay(_) | Busy::Corrections(_)), Finished::Commit(_)) => {}
         }
     }
 
@@ -484,8 +575,9 @@ impl<S: Store> Writer<S> {
             return;
         }
         // A failure after a commit began (a split batch's earlier part, or the
-        // `COMMIT` itself) may have counted the calls it leaves uncounted.
-        let in_doubt = failure.is_some() && commit.batch.metered() && !commit.gate.abandon();
+        // `COMMIT` itself) may have stored records, and counted calls, that it
+        // reports as not stored: the answers it gives are then lost answers.
+        let in_doubt = failure.is_some() && !commit.gate.abandon();
         let acks = commit.acks;
         if !commit.overdue {
             match &failure {
@@ -497,6 +589,10 @@ impl<S: Store> Writer<S> {
             }
         }
         let (mut records, mut remembered, mut unstored) = (Vec::new(), Vec::new(), Vec::new());
+        // Per unstored record in doubt: what its caller receives if the spool takes it (a capped
+        // call's `usage_unknown`; `None` for a record spooled as it was committed, which is
+        // then what its caller receives: nothing was lost).
+        let mut lost: Vec<(LostAnswer, Option<(RecordOutcome, String)>)> = Vec::new();
         for (unit, ((fate, tally), ack)) in fates.into_iter().zip(tallies).zip(acks).enumerate() {
             let Some(ack) = ack else {
                 continue;
@@ -533,14 +629,27 @@ impl<S: Store> Writer<S> {
                     let _ = ack.send(Err(AuditUnavailable));
                 }
                 Fate::Unstored => {
-                    if in_doubt && meter.is_some() {
-                        for (_, decision_id) in decision_ids(&unit_records, &unit_remembered) {
-                            tracing::warn!(
-                                decision_id,
-                                "the commit that counted this capped call lost its answer: it is \
-                                 denied usage_unknown, and may have been counted"
-                            );
-                        }
+                    if in_doubt {
+                        let now = crate::clock::now();
+                        lost.extend(unit_records.iter().map(|record| {
+                            let spooled = meter.map(|_| {
+                                (
+                                    record.outcome,
+                                    record
+                                        .code
+                                        .map(|code| code.as_str())
+                                        .unwrap_or_default()
+                                        .to_owned(),
+                                )
+                            });
+                            let answer = LostAnswer {
+                                decision_id: record.decision_id.clone(),
+                                gateway: record.gateway.clone(),
+                                at_ms: now,
+                                received: None,
+                            };
+                            (answer, spooled)
+                        }));
                     }
                     records.extend_from_slice(&unit_records);
                     remembered.extend_from_slice(&unit_remembered);
@@ -551,27 +660,61 @@ impl<S: Store> Writer<S> {
         if unstored.is_empty() {
             return;
         }
+        if in_doubt {
+            if let Some(held_back) = self.lost_commits.check() {
+                tracing::warn!(
+                    records = lost.len(),
+                    first_decision_id = lost.first().map(|(answer, _)| answer.decision_id.as_str()),
+                    batches_not_logged = held_back,
+                    "a commit lost its answer: its records may be stored while their callers are \
+                     answered otherwise (usage_unknown, or UNAVAILABLE); each is noted as answer_lost"
+                );
+            }
+        }
         if self.spool.is_some() {
-            self.spool_and_acknowledge(records, remembered, unstored).await;
+            let spooled_lost: Vec<LostAnswer> = lost
+                .iter()
+                .filter_map(|(answer, spooled)| {
+                    let received = spooled.clone()?;
+                    Some(LostAnswer {
+                        received: Some(received),
+                        ..answer.clone()
+                    })
+                })
+                .collect();
+            if self
+                .spool_and_acknowledge(records, remembered, spooled_lost, unstored)
+                .await
+            {
+                return;
+            }
         } else {
             let problem = failure.unwrap_or_default();
-            tracing::error!(%problem, "audit store unavailable and no spool configured");
+            if let Some(held_back) = self.unspooled.check() {
+                tracing::error!(
+                    %problem,
+                    batches_not_logged = held_back,
+                    "audit store unavailable and no spool configured: calls fail UNAVAILABLE"
+                );
+            }
             for ack in unstored {
                 let _ = ack.send(Err(AuditUnavailable));
             }
         }
+        // Their callers got no decision.
+        self.keep_lost(lost.into_iter().map(|(answer, _)| answer).collect());
     }
 
     fn replayed(&mut self, replayed: Result<Replayed, JoinError>) {
         match replayed {
             Ok(Replayed::Done) => {
                 self.store_answers();
-                self.replay_failures = Quiet::default();
+                self.replay_failures.reset();
             }
             Ok(Replayed::Empty) => self.replay_now = false,
             Ok(Replayed::StoreFailed(problem)) => {
                 self.store_fails(&problem);
-                if let Some(unlogged) = self.replay_failures.allow() {
+                if let Some(unlogged) = self.replay_failures.check() {
                     tracing::warn!(
                         %problem,
                         failures_not_logged = unlogged,
@@ -581,7 +724,7 @@ impl<S: Store> Writer<S> {
             }
             Ok(Replayed::SpoolFailed(error)) => {
                 self.replay_now = false;
-                if let Some(unlogged) = self.replay_failures.allow() {
+                if let Some(unlogged) = self.replay_failures.check() {
                     tracing::error!(%error, failures_not_logged = unlogged, "cannot read or update the audit spool");
                 }
             }
@@ -606,7 +749,7 @@ impl<S: Store> Writer<S> {
     /// merely slow may come and go).
     fn store_fails(&mut self, problem: &str) {
         if !self.failing && self.spool.is_some() {
-            if let Some(unlogged) = self.outages.allow() {
+            if let Some(unlogged) = self.outages.check() {
                 tracing::warn!(
                     %problem,
                     outages_not_logged = unlogged,
@@ -625,37 +768,44 @@ impl<S: Store> Writer<S> {
         &self,
         records: Vec<AuditRecord>,
         remembered: Vec<RememberedEntry>,
+        lost: Vec<LostAnswer>,
         acks: Vec<Ack>,
-    ) {
+    ) -> bool {
         let outcome = match &self.spool {
             // Nothing to write (every unit was a capped call still waiting): nothing is spooled.
-            Some(_) if records.is_empty() && remembered.is_empty() => Ok(Durable::Spooled),
+            Some(_) if records.is_empty() && remembered.is_empty() && lost.is_empty() => Ok(Durable::Spooled),
             Some(spool) => {
                 let spool = spool.clone();
                 let count = records.len();
                 let written =
-                    tokio::task::spawn_blocking(move || lock(&spool).append(&records, &remembered)).await;
+                    tokio::task::spawn_blocking(move || lock(&spool).append(&records, &remembered, &lost))
+                        .await
+                        .unwrap_or_else(|error| Err(std::io::Error::other(error)));
                 match written {
-                    Ok(Ok(())) => {
+                    Ok(()) => {
                         tracing::debug!(records = count, "audit batch spooled");
                         Ok(Durable::Spooled)
                     }
-                    Ok(Err(error)) => {
-                        tracing::error!(spool_error = %error, "audit store and spool both failed");
-                        Err(AuditUnavailable)
-                    }
                     Err(error) => {
-                        tracing::error!(spool_error = %error, "audit store and spool both failed");
+                        if let Some(held_back) = self.spool_failures.check() {
+                            tracing::error!(
+                                spool_error = %error,
+                                batches_not_logged = held_back,
+                                "audit store and spool both failed: calls fail UNAVAILABLE"
+                            );
+                        }
                         Err(AuditUnavailable)
                     }
                 }
             }
             None => Err(AuditUnavailable),
         };
+        let spooled = outcome.is_ok();
         for ack in acks {
             let written = outcome.clone().map(|durable| Written { durable, tally: None });
             let _ = ack.send(written);
         }
+        spooled
     }
 }
 
@@ -664,6 +814,7 @@ async fn finish(busy: &mut Option<Busy>) -> Finished {
     match busy {
         Some(Busy::Commit(commit)) => Finished::Commit((&mut commit.task).await),
         Some(Busy::Replay(task)) => Finished::Replay(task.await),
+        Some(Busy::Corrections(task)) => Finished::Corrections(task.await),
         None => std::future::pending().await,
     }
 }
@@ -690,6 +841,7 @@ async fn replay_chunk<S: Store>(store: S, spool: SharedSpool, size: usize, timeo
         file,
         records,
         remembered,
+        lost,
     } = chunk;
     // Each entry is a unit of its own: a spool line knows no request.
     let mut batch = Batch::default();
@@ -703,6 +855,14 @@ async fn replay_chunk<S: Store>(store: S, spool: SharedSpool, size: usize, timeo
     let Appended { fates, failure, .. } = isolate::append(&store, &batch, timeout, &gate).await;
     if let Some(problem) = failure {
         return Replayed::StoreFailed(problem);
+    }
+    // After the records: a lost answer is noted only beside a stored record that says otherwise.
+    for answer in &lost {
+        match tokio::time::timeout(timeout, store.correct_lost_answer(answer)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => return Replayed::StoreFailed(error.to_string()),
+            Err(_) => return Replayed::StoreFailed(format!("no answer within {} ms", timeout.as_millis())),
+        }
     }
     let mut rejected = Batch::default();
     let mut reasons = Vec::new();
@@ -772,32 +932,4 @@ fn decision_ids<'a>(
         .iter()
         .map(|(_, _, answer)| ("remembered", answer.decision_id.as_str()));
     records.chain(remembered)
-}
-
-/// Rate-limits a repeated log line: the first occurrence, then at most one
-/// per [`Quiet::EVERY`], saying how many went unlogged in between.
-#[derive(Debug, Default)]
-struct Quiet {
-    last: Option<Instant>,
-    unlogged: u64,
-}
-
-impl Quiet {
-    const EVERY: Duration = Duration::from_secs(60);
-
-    /// Whether to log this occurrence, and if so how many were not logged
-    /// since the last one that was.
-    fn allow(&mut self) -> Option<u64> {
-        let now = Instant::now();
-        match self.last {
-            Some(last) if now.duration_since(last) < Quiet::EVERY => {
-                self.unlogged += 1;
-                None
-            }
-            _ => {
-                self.last = Some(now);
-                Some(std::mem::take(&mut self.unlogged))
-            }
-        }
-    }
 }

@@ -5,8 +5,12 @@
 //!
 //! A spool is a directory of append-only JSON-lines files, `audit-<ms>-<n>.jsonl`.
 //! Each line is one entry, `{"record": {…}}` (an [`AuditRecord`] in its serde
-//! form, the one `capgate audit --json` prints) or `{"remembered": {…}}` (a
-//! response to remember, its bytes in hex). Every append is fsynced before
+//! form, the one `capgate audit --json` prints), `{"remembered": {…}}` (a
+//! response to remember, its bytes in hex) or `{"lost_answer": {…}}` (a
+//! [`LostAnswer`]: what a caller received when the commit of its record lost
+//! its answer, docs/decisions/0031; a build before it skips such a line as
+//! unreadable).
+//! Every append is fsynced before
 //! the writer acknowledges it. These names are the format: files a previous
 //! build spooled must stay readable.
 //!
@@ -32,7 +36,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::store::{AuditRecord, Remembered};
+use crate::store::{AuditRecord, LostAnswer, Remembered};
 use crate::telemetry::metrics;
 
 use super::RememberedEntry;
@@ -57,6 +61,7 @@ struct Replay {
     path: PathBuf,
     records: Vec<AuditRecord>,
     remembered: Vec<RememberedEntry>,
+    lost: Vec<LostAnswer>,
     next: usize,
     /// Size of the chunk handed out and not yet confirmed.
     taken: usize,
@@ -67,6 +72,7 @@ pub(super) struct Chunk {
     pub(super) file: PathBuf,
     pub(super) records: Vec<AuditRecord>,
     pub(super) remembered: Vec<RememberedEntry>,
+    pub(super) lost: Vec<LostAnswer>,
 }
 
 const SPOOL_PREFIX: &str = "audit-";
@@ -129,8 +135,13 @@ impl Spool {
         &mut self,
         records: &[AuditRecord],
         remembered: &[RememberedEntry],
+        lost: &[LostAnswer],
     ) -> std::io::Result<()> {
-        let text = lines(records, remembered)?;
+        let mut text = lines(records, remembered)?;
+        for lost in lost {
+            text.push_str(&serde_json::to_string(&Written::LostAnswer(lost))?);
+            text.push('\n');
+        }
         if self.current.is_none() {
             self.sequence += 1;
             let name = format!(
@@ -194,11 +205,12 @@ impl Spool {
             let Some(path) = self.closed.pop_front() else {
                 return Ok(None);
             };
-            let (records, remembered) = read_spool_file(&path)?;
+            let (records, remembered, lost) = read_spool_file(&path)?;
             self.replaying = Some(Replay {
                 path,
                 records,
                 remembered,
+                lost,
                 next: 0,
                 taken: 0,
             });
@@ -209,18 +221,19 @@ impl Spool {
         };
         let end = (replay.next + size.max(1)).min(replay.records.len());
         let records = replay.records[replay.next..end].to_vec();
-        // Remembered responses go with the file's last chunk: by then every
-        // record they belong to is in the store.
-        let remembered = if end == replay.records.len() {
-            replay.remembered.clone()
+        // Remembered responses and lost answers go with the file's last
+        // chunk: by then every record they belong to is in the store.
+        let (remembered, lost) = if end == replay.records.len() {
+            (replay.remembered.clone(), replay.lost.clone())
         } else {
-            Vec::new()
+            (Vec::new(), Vec::new())
         };
         replay.taken = end - replay.next;
         Ok(Some(Chunk {
             file: replay.path.clone(),
             records,
             remembered,
+            lost,
         }))
     }
 
@@ -287,10 +300,13 @@ fn lines(records: &[AuditRecord], remembered: &[RememberedEntry]) -> std::io::Re
 /// Reads a spool file. A line that does not parse is skipped with a
 /// warning: only the last line can be torn (a crash mid-append), and its
 /// batch was never acknowledged.
-fn read_spool_file(path: &Path) -> std::io::Result<(Vec<AuditRecord>, Vec<RememberedEntry>)> {
+fn read_spool_file(
+    path: &Path,
+) -> std::io::Result<(Vec<AuditRecord>, Vec<RememberedEntry>, Vec<LostAnswer>)> {
     let reader = BufReader::new(File::open(path)?);
     let mut records = Vec::new();
     let mut remembered = Vec::new();
+    let mut lost = Vec::new();
     for (number, line) in reader.lines().enumerate() {
         let line = line?;
         if line.trim().is_empty() {
@@ -299,6 +315,7 @@ fn read_spool_file(path: &Path) -> std::io::Result<(Vec<AuditRecord>, Vec<Rememb
         match serde_json::from_str::<Read>(&line) {
             Ok(Entry::Record(record)) => records.push(record),
             Ok(Entry::Remembered(response)) => remembered.push(response.into_entry()),
+            Ok(Entry::LostAnswer(answer)) => lost.push(answer),
             Err(error) => {
                 tracing::warn!(
                     file = %path.display(),
@@ -309,23 +326,24 @@ fn read_spool_file(path: &Path) -> std::io::Result<(Vec<AuditRecord>, Vec<Rememb
             }
         }
     }
-    Ok((records, remembered))
+    Ok((records, remembered, lost))
 }
 
 // ── Lines ─────────────────────────────────────────────────────────────────
 
 /// One line of a spool file: serde's externally tagged form is the file's
-/// `{"record": …}` / `{"remembered": …}`. Generic so that lines are written
-/// from borrowed records and read into owned ones.
+/// `{"record": …}` / `{"remembered": …}` / `{"lost_answer": …}`. Generic so that
+/// lines are written from borrowed records and read into owned ones.
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum Entry<R, A> {
+enum Entry<R, A, L> {
     Record(R),
     Remembered(A),
+    LostAnswer(L),
 }
 
-type Written<'a> = Entry<&'a AuditRecord, SpooledResponse>;
-type Read = Entry<AuditRecord, SpooledResponse>;
+type Written<'a> = Entry<&'a AuditRecord, SpooledResponse, &'a LostAnswer>;
+type Read = Entry<AuditRecord, SpooledResponse, LostAnswer>;
 
 /// A response to remember, as a spool line holds it (keys in this order).
 #[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -505,12 +523,45 @@ mod tests {
     fn lines_are_written_as_earlier_builds_wrote_them() {
         let dir = tempfile::tempdir().unwrap();
         let mut spool = Spool::open(dir.path()).unwrap();
-        spool.append(&[record("0192")], &[response()]).unwrap();
+        spool.append(&[record("0192")], &[response()], &[]).unwrap();
         let (path, _) = spool.current.as_ref().unwrap();
         let text = std::fs::read_to_string(path).unwrap();
         assert_eq!(text, format!("{RECORD_LINE}\n{RESPONSE_LINE}\n"));
-        let (records, remembered) = read_spool_file(path).unwrap();
+        let (records, remembered, lost) = read_spool_file(path).unwrap();
         assert_eq!((records, remembered), (vec![record("0192")], vec![response()]));
+        assert!(lost.is_empty());
+    }
+
+    #[test]
+    fn a_lost_answer_travels_through_the_spool_with_the_files_last_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::open(dir.path()).unwrap();
+        let lost = LostAnswer {
+            decision_id: "0192".into(),
+            gateway: "gw".into(),
+            at_ms: 7,
+            received: Some((RecordOutcome::Deny, "usage_unknown".into())),
+        };
+        spool
+            .append(
+                &[record("0192"), record("0193")],
+                &[],
+                std::slice::from_ref(&lost),
+            )
+            .unwrap();
+        let text = std::fs::read_to_string(&spool.current.as_ref().unwrap().0).unwrap();
+        assert!(
+            text.ends_with(
+                "{\"lost_answer\":{\"decision_id\":\"0192\",\"gateway\":\"gw\",\"at_ms\":7,\
+                 \"received\":[\"deny\",\"usage_unknown\"]}}\n"
+            ),
+            "{text}"
+        );
+        let first = spool.next_chunk(1).unwrap().unwrap();
+        assert_eq!((first.records.len(), first.lost.len()), (1, 0));
+        spool.chunk_done().unwrap();
+        let last = spool.next_chunk(1).unwrap().unwrap();
+        assert_eq!(last.lost, vec![lost]);
     }
 
     #[test]
@@ -524,7 +575,7 @@ mod tests {
         answer.fingerprint = Some([0xab; 32]);
         let entry = (gateway, request_id, answer);
         spool
-            .append(&[replay.clone()], std::slice::from_ref(&entry))
+            .append(&[replay.clone()], std::slice::from_ref(&entry), &[])
             .unwrap();
         let (path, _) = spool.current.as_ref().unwrap();
         let text = std::fs::read_to_string(path).unwrap();
@@ -533,7 +584,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("\"first_decision_id\":\"0192\""), "{text}");
-        let (records, remembered) = read_spool_file(path).unwrap();
+        let (records, remembered, _) = read_spool_file(path).unwrap();
         assert_eq!((records, remembered), (vec![replay], vec![entry]));
     }
 
@@ -546,7 +597,7 @@ mod tests {
         let bare = "{\"record\":{\"decision_id\":\"0193\",\"at_ms\":7,\"gateway\":\"gw\",\
             \"kind\":\"list\",\"outcome\":\"unauthenticated\",\"code\":\"issuer_unknown\"}}";
         std::fs::write(&path, format!("{RECORD_LINE}\n{bare}\n{RESPONSE_LINE}\n")).unwrap();
-        let (records, remembered) = read_spool_file(&path).unwrap();
+        let (records, remembered, _) = read_spool_file(&path).unwrap();
         assert_eq!(
             records,
             vec![
@@ -580,7 +631,7 @@ mod tests {
             RECORD_LINE.to_owned(),
         ];
         std::fs::write(&path, lines.join("\n")).unwrap();
-        let (records, remembered) = read_spool_file(&path).unwrap();
+        let (records, remembered, _) = read_spool_file(&path).unwrap();
         assert_eq!(records, vec![record("0192")]);
         assert_eq!(remembered, vec![]);
     }
@@ -589,8 +640,8 @@ mod tests {
     fn the_spool_replays_what_it_took_and_skips_a_torn_line() {
         let dir = tempfile::tempdir().unwrap();
         let mut spool = Spool::open(dir.path()).unwrap();
-        spool.append(&[record("a"), record("b")], &[]).unwrap();
-        spool.append(&[record("c")], &[]).unwrap();
+        spool.append(&[record("a"), record("b")], &[], &[]).unwrap();
+        spool.append(&[record("c")], &[], &[]).unwrap();
         // A crash in the middle of an append.
         let (path, file) = spool.current.as_mut().unwrap();
         file.write_all(b"{\"record\": {\"decision_id\"").unwrap();
@@ -613,7 +664,9 @@ mod tests {
     fn refused_entries_are_set_aside_in_the_spool_format_and_not_replayed() {
         let dir = tempfile::tempdir().unwrap();
         let mut spool = Spool::open(dir.path()).unwrap();
-        spool.append(&[record("a"), record("b")], &[response()]).unwrap();
+        spool
+            .append(&[record("a"), record("b")], &[response()], &[])
+            .unwrap();
         let (path, _) = spool.current.as_ref().unwrap();
         assert_eq!(spool.bytes, std::fs::metadata(path).unwrap().len());
         let chunk = spool.next_chunk(10).unwrap().unwrap();
@@ -624,7 +677,7 @@ mod tests {
             set_aside,
             dir.path().join("rejected").join(chunk.file.file_name().unwrap())
         );
-        let (records, remembered) = read_spool_file(&set_aside).unwrap();
+        let (records, remembered, _) = read_spool_file(&set_aside).unwrap();
         assert_eq!((records, remembered), (vec![record("b")], vec![response()]));
         assert!(spool.chunk_done().unwrap());
         assert_eq!(spool.bytes, 0);
@@ -646,7 +699,7 @@ mod tests {
     fn an_unconfirmed_chunk_is_handed_out_again() {
         let dir = tempfile::tempdir().unwrap();
         let mut spool = Spool::open(dir.path()).unwrap();
-        spool.append(&[record("a")], &[]).unwrap();
+        spool.append(&[record("a")], &[], &[]).unwrap();
         let once = spool.next_chunk(10).unwrap().unwrap();
         let again = spool.next_chunk(10).unwrap().unwrap();
         assert_eq!(once.records, again.records);

@@ -17,6 +17,7 @@ use crate::service::identify::{Asked, AssertedCaller};
 use crate::service::pipeline::{self, Answer, Ask, Listing, Remember, Replied, Target, Verdict};
 use crate::service::State;
 use crate::store::{DecisionNote, Door, Note, Store};
+use crate::telemetry::{throttle, Throttle};
 use crate::wire::convert;
 use crate::wire::proto::{
     self, credential, decide_request, decide_response, decision_service_server::DecisionService,
@@ -180,7 +181,10 @@ impl<S: Store> DecisionService for Decisions<S> {
                 "`decision_id`: no allow with this id was given to this gateway",
             )),
             Ok(Err(error)) => {
-                tracing::warn!(%error, "a decision note could not be stored");
+                static FAILED: Throttle = Throttle::every(throttle::EVERY);
+                if let Some(held_back) = FAILED.check() {
+                    tracing::warn!(%error, notes_not_logged = held_back, "a decision note could not be stored");
+                }
                 Err(Status::unavailable(
                     "the audit store did not take the note; retry",
                 ))

@@ -20,6 +20,7 @@ use crate::identity::Presented;
 use crate::service::identify::Asked;
 use crate::service::State;
 use crate::store::{Claim, Door, Fingerprint, Remembered, Store};
+use crate::telemetry::{throttle, Throttle};
 
 use super::{Ask, Refusal, Target};
 
@@ -176,6 +177,9 @@ pub(super) enum Turn {
     Reused { first: Option<String> },
 }
 
+/// Every request meets a store outage: its line is written at most every [`throttle::EVERY`].
+static CLAIMS_FAILING: Throttle = Throttle::every(throttle::EVERY);
+
 /// Claims the request id in the store, shared by every replica, so that one decision is taken
 /// for it whichever replica each copy reached (docs/decisions/0016-idempotency-across-replicas.md),
 /// and only for the request that claimed it first (docs/decisions/0027). A copy that finds the
@@ -203,11 +207,18 @@ pub(super) async fn claim<S: Store>(state: &State<S>, gateway: &str, keyed: &Key
         }
         Ok(Ok(Claim::Taken { .. })) => Ok(Turn::Reused { first: None }),
         Ok(Err(error)) => {
-            tracing::warn!(%error, "cannot claim the request id; deciding afresh");
+            if let Some(held_back) = CLAIMS_FAILING.check() {
+                tracing::warn!(%error, requests_not_logged = held_back, "cannot claim the request id; deciding afresh");
+            }
             Ok(Turn::Decide)
         }
         Err(_) => {
-            tracing::warn!("claiming the request id did not answer in time; deciding afresh");
+            if let Some(held_back) = CLAIMS_FAILING.check() {
+                tracing::warn!(
+                    requests_not_logged = held_back,
+                    "claiming the request id did not answer in time; deciding afresh"
+                );
+            }
             Ok(Turn::Decide)
         }
     }
