@@ -108,16 +108,7 @@ impl Outage {
 
     /// The decision ids in `audit_log`, read directly.
     async fn stored_ids(&self) -> BTreeSet<String> {
-        self.direct
-            .query_audit(&AuditFilter {
-                limit: 10_000,
-                ..AuditFilter::default()
-            })
-            .await
-            .expect("read the audit trail")
-            .into_iter()
-            .map(|record| record.decision_id)
-            .collect()
+        stored_ids(&self.direct).await
     }
 
     async fn stop(mut self) {
@@ -548,7 +539,7 @@ async fn without_a_spool_a_lost_commit_answer_is_corrected_once_the_store_answer
     let serve = serve_behind(&proxy, &database, dir.path(), &[]).await;
     let mut client = DecisionServiceClient::new(serve.channel().await);
     let direct = database.store().await;
-    let before: BTreeSet<String> = all_ids(&direct).await;
+    let before: BTreeSet<String> = stored_ids(&direct).await;
 
     proxy.set(Mode::LoseCommitAnswers);
     let failed = client
@@ -560,7 +551,7 @@ async fn without_a_spool_a_lost_commit_answer_is_corrected_once_the_store_answer
     // The next commit finds the store answering; the correction follows it.
     client.decide(uncapped()).await.expect("a decision");
 
-    let lost: Vec<String> = all_ids(&direct).await.difference(&before).cloned().collect();
+    let lost: Vec<String> = stored_ids(&direct).await.difference(&before).cloned().collect();
     assert_eq!(lost.len(), 2, "the lost call's record and the next one: {lost:?}");
     let lost_id = lost.iter().min().expect("the first of the two").clone();
     let note = lost_answer_note(&direct, &lost_id).await;
@@ -576,7 +567,8 @@ async fn without_a_spool_a_lost_commit_answer_is_corrected_once_the_store_answer
     );
 }
 
-async fn all_ids(direct: &PostgresStore) -> BTreeSet<String> {
+/// The decision ids in `audit_log`, read directly.
+async fn stored_ids(direct: &PostgresStore) -> BTreeSet<String> {
     direct
         .query_audit(&AuditFilter {
             limit: 10_000,
