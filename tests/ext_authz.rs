@@ -1120,6 +1120,36 @@ fn with_filler_headers(mut request: CheckRequest, extra: usize, raw: bool) -> Ch
     request
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_over_the_message_bound_is_denied_not_failed() {
+    // A gRPC error lets the request through an ext_authz filter with `failure_mode_allow: true`
+    // (decision 0028): a CheckRequest over the bound must be a denial, like any unreadable one.
+    let Some(world) = World::start(&[]).await else {
+        return;
+    };
+    let billing = format!("Bearer {}", world.token("ana", "billing"));
+    let mut request = call("payments__refund", &billing);
+    let http = request
+        .attributes
+        .as_mut()
+        .and_then(|attributes| attributes.request.as_mut())
+        .and_then(|request| request.http.as_mut())
+        .expect("a forwarded HTTP request");
+    http.headers.insert(
+        "x-padding".to_owned(),
+        "x".repeat(capgate::service::bounds::MAX_MESSAGE_BYTES),
+    );
+    let refused = seen(&world.check(request).await);
+    assert_eq!(
+        (refused.grpc, refused.http),
+        (Code::InvalidArgument as i32, 400),
+        "{refused:?}"
+    );
+    let message = refused.body["error"]["message"].as_str().expect("a message");
+    assert!(message.contains("larger than the"), "{message}");
+    assert!(world.audit().await.is_empty());
+}
+
 #[tokio::test]
 async fn a_request_with_more_headers_than_a_gateway_forwards_is_refused_by_name() {
     // Issue 28: 100,000 forwarded headers took 33.7 s. Envoy forwards at most

@@ -19,8 +19,9 @@ use prost::bytes::Buf;
 use prost::Message;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic::codegen::{http, Body, BoxFuture, StdError};
+use tonic::metadata::MetadataMap;
 use tonic::server::{NamedService, UnaryService};
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
 use tonic_prost::{ProstCodec, ProstEncoder};
 
 /// A request as the door receives it: decoded, or why it does not decode.
@@ -102,14 +103,63 @@ where
         if request.uri().path() != "/envoy.service.auth.v3.Authorization/Check" {
             return Box::pin(async { Ok(Status::unimplemented("no such method").into_http()) });
         }
-        let check = Check(self.door.clone());
+        let door = self.door.clone();
         let max = self.max_message_bytes;
         Box::pin(async move {
+            let metadata = MetadataMap::from_headers(request.headers().clone());
             let mut grpc = tonic::server::Grpc::new(LenientCodec::<CheckResponse, CheckRequest>::default())
                 .apply_max_message_size_config(Some(max), None);
-            Ok(grpc.unary(check, request).await)
+            let answered = grpc.unary(Check(door.clone()), request).await;
+            if grpc_status(&answered) != Some(Code::OutOfRange) {
+                return Ok(answered);
+            }
+            // tonic refused a message over the bound before the door saw it. A gRPC error would
+            // let the request through a filter with `failure_mode_allow`; the door's denial of an
+            // unreadable request is answered instead.
+            let why = format!("the CheckRequest is larger than the {max}-byte bound");
+            let denied = door
+                .undecodable(Request::from_parts(metadata, Default::default(), why))
+                .await;
+            Ok(answer(denied).await)
         })
     }
+}
+
+/// The `grpc-status` of a response that ended in its headers (tonic's errors do), if any.
+fn grpc_status(response: &http::Response<tonic::body::Body>) -> Option<Code> {
+    let status = response
+        .headers()
+        .get("grpc-status")?
+        .to_str()
+        .ok()?
+        .parse::<i32>()
+        .ok()?;
+    Some(Code::from_i32(status))
+}
+
+/// `answer` as a gRPC response: tonic's own encoding, driven by a request that carries an empty
+/// message and a service that answers `answer` whatever it is given.
+async fn answer(answer: Result<Response<CheckResponse>, Status>) -> http::Response<tonic::body::Body> {
+    struct Answer(Option<Result<Response<CheckResponse>, Status>>);
+    impl UnaryService<Decoded<CheckRequest>> for Answer {
+        type Response = CheckResponse;
+        type Future = BoxFuture<Response<CheckResponse>, Status>;
+        fn call(&mut self, _: Request<Decoded<CheckRequest>>) -> Self::Future {
+            let answer = self
+                .0
+                .take()
+                .unwrap_or_else(|| Err(Status::internal("answered twice")));
+            Box::pin(async move { answer })
+        }
+    }
+    // A gRPC frame: not compressed, zero bytes long.
+    let empty = http_body_util::Full::new(prost::bytes::Bytes::from_static(&[0, 0, 0, 0, 0]));
+    let request = http::Request::builder()
+        .header("content-type", "application/grpc")
+        .body(empty)
+        .unwrap_or_default();
+    let mut grpc = tonic::server::Grpc::new(LenientCodec::<CheckResponse, CheckRequest>::default());
+    grpc.unary(Answer(Some(answer)), request).await
 }
 
 /// tonic-prost's codec, decoding to [`Decoded`] so that a malformed message reaches the handler.
