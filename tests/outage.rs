@@ -371,17 +371,7 @@ async fn capped_calls_during(mode: Mode) {
     proxy.heal();
     let direct = database.store().await;
     eventually("the spooled answers reach audit_log", || async {
-        let stored: BTreeSet<String> = direct
-            .query_audit(&AuditFilter {
-                limit: 10_000,
-                ..AuditFilter::default()
-            })
-            .await
-            .expect("read the audit trail")
-            .into_iter()
-            .map(|record| record.decision_id)
-            .collect();
-        stored.is_superset(&answered)
+        stored_ids(&direct).await.is_superset(&answered)
     })
     .await;
     eventually("the spool backlog is empty", || async {
