@@ -30,6 +30,11 @@ const PURE_DEPENDENCIES: &[&str] = &[
     "sha2",
     "rustc-hash",
     "strsim",
+    // Conditions' arguments (docs/decisions/0034).
+    "serde_json",
+    // Time windows: pure only without its default features, which read the host's zone files
+    // (`tz-system`, `tzdb-zoneinfo`); the test below checks that they are off.
+    "jiff",
 ];
 
 /// Every room may import the rooms listed with it and no other; lower rooms never import higher ones.
@@ -502,6 +507,12 @@ fn reaches_inside_are_reported() {
 #[test]
 fn the_core_depends_only_on_pure_crates() {
     assert_eq!(impure_core_dependencies(repository()), Vec::<String>::new());
+    let manifest = fs::read_to_string(repository().join("core/Cargo.toml")).expect("core/Cargo.toml");
+    let jiff = manifest.lines().find(|line| line.starts_with("jiff")).expect("jiff");
+    assert!(
+        jiff.contains("default-features = false") && jiff.contains("tzdb-bundle-always"),
+        "jiff must read only its bundled zone database, never the host's: {jiff}"
+    );
 }
 
 #[test]

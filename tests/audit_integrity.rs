@@ -194,6 +194,7 @@ fn nightly_search() -> DecideRequest {
         caller: credential(credential::Kind::ApiKey(NIGHTLY_KEY.to_owned()), ""),
         target: Some(decide_request::Target::Capability("docs.page.search".to_owned())),
         request_id: String::new(),
+        arguments_json: None,
     }
 }
 

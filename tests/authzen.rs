@@ -210,6 +210,7 @@ fn grpc_ask(who: &AssertedPrincipal, kind: &str, id: &str) -> DecideRequest {
             _ => decide_request::Target::Capability(id.to_owned()),
         }),
         request_id: String::new(),
+        arguments_json: None,
     }
 }
 

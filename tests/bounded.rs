@@ -370,6 +370,7 @@ async fn an_unauthenticated_decision_records_the_tool_or_capability_asked_for() 
                 })),
                 target: Some(target),
                 request_id: request_id.into(),
+                arguments_json: None,
             })
             .await
             .expect("an answer")

@@ -452,6 +452,7 @@ impl World {
             caller: Some(who),
             target: Some(decide_request::Target::Tool(tool.to_owned())),
             request_id: request_id.to_owned(),
+            arguments_json: None,
         };
         let response = self
             .decisions

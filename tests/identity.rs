@@ -226,6 +226,7 @@ fn ask(kind: credential::Kind, issuer: &str, capability: &str) -> DecideRequest 
         })),
         target: Some(decide_request::Target::Capability(capability.to_owned())),
         request_id: String::new(),
+        arguments_json: None,
     }
 }
 
@@ -550,6 +551,7 @@ async fn static_keys_and_client_certificates_authenticate() {
                 caller: Some(decide_request::Caller::Credential(Credential::default())),
                 target: Some(decide_request::Target::Capability("docs.page.search".into())),
                 request_id: String::new(),
+                arguments_json: None,
             },
             Answer::Unauthenticated(AuthProblem::CredentialMissing),
         ),
@@ -654,6 +656,7 @@ async fn only_trusted_gateways_may_assert_a_principal() {
         ))),
         target: Some(decide_request::Target::Capability("billing.refund.create".into())),
         request_id: String::new(),
+        arguments_json: None,
     };
     let refused = client
         .decide(as_gateway(asserted.clone(), GATEWAY_TOKEN))
@@ -831,6 +834,7 @@ async fn sentinel_secrets_never_leave_their_place() {
                 ))),
                 target: Some(decide_request::Target::Capability("docs.page.search".into())),
                 request_id: String::new(),
+                arguments_json: None,
             },
             GATEWAY_TOKEN.to_owned(),
         ),

@@ -69,6 +69,7 @@ fn ask(token: &str) -> DecideRequest {
         })),
         target: Some(decide_request::Target::Capability("docs.page.search".into())),
         request_id: String::new(),
+        arguments_json: None,
     }
 }
 

@@ -184,6 +184,7 @@ pub fn requests(scenario: Scenario, principals: usize) -> Vec<DecideRequest> {
             } else {
                 String::new()
             },
+            arguments_json: None,
         })
         .collect()
 }

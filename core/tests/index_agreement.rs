@@ -7,15 +7,18 @@
 //! an issuer no grant names; several accounts per list (ambiguity), an
 //! account id disabled on one grant and not on another, ceilings that tie and
 //! ceilings with a 0 ms window (which the "most restrictive" order cannot
-//! sort); a capability not realised, and an id declared twice. `evaluate`,
-//! `evaluate_prepared` and `visible` must give `evaluate_linear`'s answers
-//! on all of them, under every usage.
+//! sort); a capability not realised, and an id declared twice; grants with
+//! conditions on arguments (some lists conditional throughout, some mixed).
+//! `evaluate`, `evaluate_prepared` and `visible` must give `evaluate_linear`'s
+//! answers on all of them, under every usage and for arguments that meet some
+//! conditions, fail others, lack them or were not forwarded at all.
 
 use std::collections::BTreeMap;
 
 use capgate_core::access::{
-    evaluate, evaluate_linear, evaluate_prepared, visible, CapabilityRule, Decision, Grant, Instant, Limits,
-    Ruleset, Usage,
+    evaluate, evaluate_call, evaluate_linear, evaluate_linear_call, evaluate_prepared,
+    evaluate_prepared_call, visible, ArgumentPath, CapabilityRule, Condition, Decision, Grant, Instant,
+    Limits, Literal, Op, Ruleset, Test, Usage,
 };
 use capgate_core::accounts::AccountRef;
 use capgate_core::principals::Principal;
@@ -58,7 +61,51 @@ struct Shape {
     inconsistent: bool,
     /// Whether ceilings may have a 0 ms window.
     zero_windows: bool,
+    /// Whether grants may carry conditions.
+    conditional: bool,
     seed: u64,
+}
+
+/// Argument sets the decisions are taken with (`None`: not forwarded).
+fn argument_sets() -> Vec<Option<serde_json::Map<String, serde_json::Value>>> {
+    let parse = |json: &str| serde_json::from_str(json).ok();
+    vec![
+        None,
+        parse("{}"),
+        parse(r#"{"amount": 5}"#),
+        parse(r#"{"amount": 50, "tier": "gold"}"#),
+        parse(r#"{"amount": 500, "tier": "free"}"#),
+        parse(r#"{"amount": "5", "tier": 1}"#),
+    ]
+}
+
+/// 0 to 2 conditions over `amount` and `tier`, drawn from a small pool so that lists mix
+/// grants that apply, fail and miss.
+fn conditions(g: usize, rng: &mut Rng) -> Vec<Condition> {
+    let count = rng.below(3);
+    (0..count)
+        .map(|c| {
+            let (argument, op) = match rng.below(4) {
+                0 => ("amount", Op::AtMost([10.0, 100.0][rng.below(2)])),
+                1 => ("amount", Op::AtLeast([10.0, 100.0][rng.below(2)])),
+                2 => ("tier", Op::Equals(Literal::String("gold".to_owned()))),
+                _ => (
+                    "tier",
+                    Op::In(vec![
+                        Literal::String("free".to_owned()),
+                        Literal::String("gold".to_owned()),
+                    ]),
+                ),
+            };
+            Condition {
+                path: format!("/grants/{g}/when/{c}"),
+                test: Test::Argument {
+                    path: ArgumentPath::parse(argument).expect("a path"),
+                    op,
+                },
+            }
+        })
+        .collect()
 }
 
 /// xorshift64*: the test's own deterministic source, so a failing seed replays.
@@ -115,6 +162,11 @@ fn ruleset(shape: Shape, rng: &mut Rng) -> Ruleset {
                         window_ms,
                     }
                 }),
+                conditions: if shape.conditional {
+                    conditions(g, rng)
+                } else {
+                    Vec::new()
+                },
                 path: format!("/grants/{g}"),
             }
         })
@@ -187,21 +239,53 @@ fn agrees(ruleset: &Ruleset, principals: &[Principal]) -> Result<(), String> {
                         "{principal:?} `{capability}` {usage:?}: index {fast:?} / prepared {ready:?} / scan {slow:?}"
                     ));
                 }
+                for arguments in &argument_sets() {
+                    let arguments = arguments.as_ref();
+                    let slow = evaluate_linear_call(ruleset, principal, capability, AT, usage, arguments);
+                    let fast = evaluate_call(ruleset, principal, capability, AT, usage, arguments);
+                    let ready = evaluate_prepared_call(&prepared, capability, AT, usage, arguments);
+                    if fast != slow || ready != slow {
+                        return Err(format!(
+                            "{principal:?} `{capability}` {usage:?} {arguments:?}: index {fast:?} / prepared {ready:?} / scan {slow:?}"
+                        ));
+                    }
+                }
             }
         }
-        let listed: Vec<(&str, &str)> = visible(ruleset, principal, AT)
+        let listed: Vec<(&str, &str, bool)> = visible(ruleset, principal, AT)
             .iter()
-            .map(|v| (v.capability.id.as_str(), v.path))
+            .map(|v| (v.capability.id.as_str(), v.path, v.conditional))
             .collect();
-        let scanned: Vec<(&str, &str)> = ruleset
+        // The scan's listing: the capabilities some grant matches, not disabled, not
+        // ambiguous; conditional when every matching grant carries conditions.
+        let scanned: Vec<(&str, &str, bool)> = ruleset
             .capabilities()
             .iter()
-            .filter_map(
-                |c| match evaluate_linear(ruleset, principal, &c.id, AT, Usage::NotConsulted) {
-                    Decision::Allow(allow) => Some((c.id.as_str(), allow.reason.path)),
-                    Decision::Deny(_) => None,
-                },
-            )
+            .filter_map(|c| {
+                let unconditional = Ruleset::new(
+                    ruleset.capabilities().to_vec(),
+                    ruleset
+                        .grants()
+                        .iter()
+                        .map(|g| Grant {
+                            conditions: Vec::new(),
+                            ..g.clone()
+                        })
+                        .collect(),
+                );
+                let Decision::Allow(allow) =
+                    evaluate_linear(&unconditional, principal, &c.id, AT, Usage::NotConsulted)
+                else {
+                    return None;
+                };
+                let every = ruleset
+                    .grants()
+                    .iter()
+                    .filter(|g| g.matches(principal) && g.names(&c.id))
+                    .all(|g| !g.conditions.is_empty());
+                let path: &str = &ruleset.grants()[allow.grant].path;
+                Some((c.id.as_str(), path, every))
+            })
             .collect();
         if listed != scanned {
             return Err(format!("{principal:?}: listed {listed:?} / scanned {scanned:?}"));
@@ -217,15 +301,17 @@ fn shapes() -> impl Strategy<Value = Shape> {
         1usize..4,
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
         any::<u64>(),
     )
         .prop_map(
-            |(grants, values, accounts, inconsistent, zero_windows, seed)| Shape {
+            |(grants, values, accounts, inconsistent, zero_windows, conditional, seed)| Shape {
                 grants,
                 values,
                 accounts,
                 inconsistent,
                 zero_windows,
+                conditional,
                 seed: seed | 1,
             },
         )
@@ -256,11 +342,11 @@ proptest! {
 /// whole-second ceilings (ranked, never ambiguous).
 #[test]
 fn large_lists_decide_as_the_scan_does() {
-    for (values, accounts, inconsistent, zero_windows) in [
-        (3, 1, false, false),
-        (400, 1, false, false),
-        (3, 3, true, true),
-        (400, 2, true, true),
+    for (values, accounts, inconsistent, zero_windows, conditional) in [
+        (3, 1, false, false, false),
+        (400, 1, false, false, true),
+        (3, 3, true, true, true),
+        (400, 2, true, true, false),
     ] {
         let shape = Shape {
             grants: 900,
@@ -268,6 +354,7 @@ fn large_lists_decide_as_the_scan_does() {
             accounts,
             inconsistent,
             zero_windows,
+            conditional,
             seed: 0x5eed_0015,
         };
         let mut rng = Rng(shape.seed);

@@ -271,6 +271,7 @@ impl Model {
                         .and_then(|w| u64::try_from(w).ok())
                         .expect("pool durations are small"),
                 }),
+                conditions: Vec::new(),
                 path: format!("/grants/{g}"),
             })
             .collect();
@@ -1163,6 +1164,7 @@ fn reference<'a>(
                 account: &NOBODY,
                 limits: None,
                 grant: 0,
+                conditional: false,
             });
         }
         return deny(ReasonCode::NoGrantMatches, "/grants", capability);
@@ -1219,6 +1221,7 @@ fn reference<'a>(
         account: &grant.account,
         limits: grant.limits.as_ref(),
         grant: winner,
+        conditional: false,
     })
 }
 

@@ -77,6 +77,7 @@ pub fn run(args: &Args) -> Result<Outcome, Failure> {
             (None, None) => None,
         },
         request_id: args.request_id.clone(),
+        arguments_json: None,
     };
     let response = runtime()?.block_on(async {
         let connection = args.server.connect().await?;

@@ -182,6 +182,7 @@ pub fn decision(decision: &Decision<'_>, document: Option<&Document>) -> Value {
             account: granted,
             limits: ceiling_of,
             grant: _,
+            conditional: _,
         }) => json!({
             "outcome": "allow",
             "reason": self::reason(reason, document),

@@ -106,6 +106,7 @@ fn visible_capability(visible: &VisibleCapability<'_>) -> Value {
         account,
         limits,
         path,
+        conditional: _,
     } = visible;
     json!({
         "capability": capability.id,

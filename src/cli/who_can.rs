@@ -81,6 +81,7 @@ fn grant_json(grant: &Grant, document: Option<&Document>) -> Value {
         capabilities: _,
         account,
         limits,
+        conditions: _,
         path,
     } = grant;
     json!({

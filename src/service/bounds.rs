@@ -199,6 +199,7 @@ pub fn decide(request: &DecideRequest) -> Result<(), Status> {
         caller,
         target,
         request_id,
+        arguments_json: _,
     } = request;
     let mut check = Check::default();
     match caller {
@@ -323,6 +324,7 @@ mod tests {
             ),
             target: None,
             request_id: "r".repeat(MAX_REQUEST_ID + 1),
+            arguments_json: None,
         };
         let status = decide(&request).unwrap_err();
         assert_eq!(status.code(), Code::InvalidArgument);
@@ -347,6 +349,7 @@ mod tests {
             })),
             target: Some(decide_request::Target::Tool("t".into())),
             request_id: String::new(),
+            arguments_json: None,
         };
         let status = decide(&request).unwrap_err();
         assert_eq!(fields(&status), ["credential.api_key"]);
@@ -360,6 +363,7 @@ mod tests {
             caller: principal(&"s".repeat(MAX_SUBJECT), Vec::new()),
             target: Some(decide_request::Target::Tool("t".repeat(MAX_TARGET))),
             request_id: "r".repeat(MAX_REQUEST_ID),
+            arguments_json: None,
         };
         assert!(decide(&request).is_ok());
     }

@@ -100,6 +100,8 @@ pub fn reason_code(code: ReasonCode) -> proto::ReasonCode {
         ReasonCode::AccountDisabled => proto::ReasonCode::AccountDisabled,
         ReasonCode::UsageUnknown => proto::ReasonCode::UsageUnknown,
         ReasonCode::LimitExhausted => proto::ReasonCode::LimitExhausted,
+        ReasonCode::ConditionFailed => proto::ReasonCode::ConditionFailed,
+        ReasonCode::ArgumentsMissing => proto::ReasonCode::ArgumentsMissing,
     }
 }
 
@@ -165,6 +167,7 @@ pub fn decision(
             account,
             limits,
             grant: _,
+            conditional: _,
         }) => {
             let AccountRef { id, disabled: _ } = account;
             proto::Decision {
@@ -255,6 +258,7 @@ pub fn visible_tool(tool: &ToolDescriptor) -> proto::VisibleTool {
             .as_ref()
             .map(|schema| super::plain::json(schema).to_string())
             .unwrap_or_default(),
+        conditional: false,
     }
 }
 

@@ -60,6 +60,7 @@ pub fn for_capability(who: AssertedPrincipal, capability: &str) -> DecideRequest
         caller: Some(decide_request::Caller::Principal(who)),
         target: Some(decide_request::Target::Capability(capability.into())),
         request_id: String::new(),
+        arguments_json: None,
     }
 }
 
@@ -68,6 +69,7 @@ pub fn for_tool(who: AssertedPrincipal, tool: &str) -> DecideRequest {
         caller: Some(decide_request::Caller::Principal(who)),
         target: Some(decide_request::Target::Tool(tool.into())),
         request_id: String::new(),
+        arguments_json: None,
     }
 }
 

@@ -143,6 +143,7 @@ impl Doors {
             })),
             target: Some(decide_request::Target::Tool(call.tool.to_owned())),
             request_id: call.request_id.to_owned(),
+            arguments_json: None,
         };
         let response = match self.decisions.decide(self.as_gateway(request)).await {
             Ok(response) => response.into_inner(),

@@ -3,7 +3,9 @@
 use super::Limits;
 use crate::accounts::AccountRef;
 
-/// The closed vocabulary of reasons: exactly eight codes.
+/// The closed vocabulary of reasons: the eight codes of mcpizer's design, and two of
+/// ours for conditions (docs/decisions/0034), which an artifact without conditions
+/// never produces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ReasonCode {
     Granted,
@@ -14,10 +16,12 @@ pub enum ReasonCode {
     AccountDisabled,
     UsageUnknown,
     LimitExhausted,
+    ConditionFailed,
+    ArgumentsMissing,
 }
 
 impl ReasonCode {
-    pub const ALL: [ReasonCode; 8] = [
+    pub const ALL: [ReasonCode; 10] = [
         ReasonCode::Granted,
         ReasonCode::CapabilityNotDeclared,
         ReasonCode::CapabilityNotRealized,
@@ -26,6 +30,8 @@ impl ReasonCode {
         ReasonCode::AccountDisabled,
         ReasonCode::UsageUnknown,
         ReasonCode::LimitExhausted,
+        ReasonCode::ConditionFailed,
+        ReasonCode::ArgumentsMissing,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -38,6 +44,8 @@ impl ReasonCode {
             ReasonCode::AccountDisabled => "account_disabled",
             ReasonCode::UsageUnknown => "usage_unknown",
             ReasonCode::LimitExhausted => "limit_exhausted",
+            ReasonCode::ConditionFailed => "condition_failed",
+            ReasonCode::ArgumentsMissing => "arguments_missing",
         }
     }
 
@@ -54,6 +62,10 @@ impl ReasonCode {
                 "the usage counter could not be read and a ceiling applies (fail closed)"
             }
             ReasonCode::LimitExhausted => "the ceiling of the winning grant is exhausted",
+            ReasonCode::ConditionFailed => {
+                "the matching grants' conditions do not hold for this call's arguments or time"
+            }
+            ReasonCode::ArgumentsMissing => "the call lacks an argument that a grant's condition needs",
         }
     }
 }
@@ -83,6 +95,9 @@ pub struct Allow<'a> {
     pub limits: Option<&'a Limits>,
     /// Index of the winning grant.
     pub grant: usize,
+    /// Every grant that applies carries conditions: the call was allowed on what it
+    /// does, not only on who makes it (for a listing, on what a call would do).
+    pub conditional: bool,
 }
 
 /// The decision. A deny structurally has no account and no limits.

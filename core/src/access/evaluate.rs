@@ -2,6 +2,7 @@
 //! structural default — every early exit is a denial with its reason, and
 //! reaching the allow means passing every step.
 
+use super::conditions::{first_failing, Arguments, Outcome};
 use super::index::Interned;
 use super::limits::{replaces, Rate};
 use super::{Allow, Decision, Grant, Instant, Reason, ReasonCode, Ruleset, Usage};
@@ -12,6 +13,9 @@ use crate::principals::Principal;
 /// Uses the ruleset's index: the cost is that of interning the principal's
 /// attributes and of the grants of its issuer that name the capability, not
 /// of the whole policy.
+///
+/// No arguments are given: a grant with conditions on arguments does not apply
+/// (`arguments_missing`). A call's decision is `evaluate_call`'s.
 pub fn evaluate<'a>(
     ruleset: &'a Ruleset,
     principal: &Principal,
@@ -19,13 +23,38 @@ pub fn evaluate<'a>(
     at: Instant,
     usage: Usage,
 ) -> Decision<'a> {
+    evaluate_call(ruleset, principal, capability, at, usage, None)
+}
+
+/// The decision for a call of `capability` with `arguments` (`None`: not forwarded):
+/// `evaluate`, with each matching grant's conditions checked against them and `at`.
+pub fn evaluate_call<'a>(
+    ruleset: &'a Ruleset,
+    principal: &Principal,
+    capability: &'a str,
+    at: Instant,
+    usage: Usage,
+    arguments: Arguments<'_>,
+) -> Decision<'a> {
     let Some((index, declared)) = ruleset.capability(capability) else {
         return deny(ReasonCode::CapabilityNotDeclared, CAPABILITIES_ANCHOR, capability);
     };
     if !declared.realized {
         return deny(ReasonCode::CapabilityNotRealized, &declared.path, &declared.id);
     }
-    decide_indexed(ruleset, index, &ruleset.index().intern(principal), at, usage)
+    let interned = ruleset.index().intern(principal);
+    let call = Call::Checked(arguments);
+    decide_indexed(ruleset, index, &interned, at, usage, call)
+}
+
+/// Whether a decision checks the grants' conditions.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Call<'v> {
+    /// A listing or the effective diff: conditions are not looked at (a grant applies
+    /// if it matches), as ceilings are not consulted.
+    NotConsulted,
+    /// A call, with its arguments (`None`: not forwarded).
+    Checked(Arguments<'v>),
 }
 
 /// A principal interned against one ruleset (`Ruleset::prepare`), for deciding
@@ -48,14 +77,15 @@ impl<'r> Prepared<'r> {
     }
 
     /// The decision for the capability declared at `index`, as `evaluate` on
-    /// its id would take it (its first declaration, if the id is declared twice).
+    /// its id would take it (its first declaration, if the id is declared twice),
+    /// conditions not consulted: a listing's.
     pub(crate) fn decide_at(&self, index: usize, at: Instant, usage: Usage) -> Decision<'r> {
         let index = self.ruleset.first_declaration(index);
         let declared = &self.ruleset.capabilities()[index];
         if !declared.realized {
             return deny(ReasonCode::CapabilityNotRealized, &declared.path, &declared.id);
         }
-        decide_indexed(self.ruleset, index, &self.interned, at, usage)
+        decide_indexed(self.ruleset, index, &self.interned, at, usage, Call::NotConsulted)
     }
 
     /// `found(index, allow)` for every capability whose decision (as
@@ -79,9 +109,17 @@ impl<'r> Prepared<'r> {
             if !declared.realized {
                 return;
             }
-            if let Decision::Allow(allow) =
-                decide(ruleset, &declared.id, Some(matches), at, Usage::NotConsulted)
-            {
+            let all = |found: &mut Vec<usize>| ruleset.index().matching(index, &self.interned, found);
+            let decision = decide(
+                ruleset,
+                &declared.id,
+                Some(matches),
+                all,
+                at,
+                Usage::NotConsulted,
+                Call::NotConsulted,
+            );
+            if let Decision::Allow(allow) = decision {
                 found(index, allow);
             }
         });
@@ -96,6 +134,17 @@ pub fn evaluate_prepared<'a>(
     at: Instant,
     usage: Usage,
 ) -> Decision<'a> {
+    evaluate_prepared_call(prepared, capability, at, usage, None)
+}
+
+/// `evaluate_call` for a principal already prepared.
+pub fn evaluate_prepared_call<'a>(
+    prepared: &Prepared<'a>,
+    capability: &'a str,
+    at: Instant,
+    usage: Usage,
+    arguments: Arguments<'_>,
+) -> Decision<'a> {
     let ruleset = prepared.ruleset;
     let Some((index, declared)) = ruleset.capability(capability) else {
         return deny(ReasonCode::CapabilityNotDeclared, CAPABILITIES_ANCHOR, capability);
@@ -103,7 +152,14 @@ pub fn evaluate_prepared<'a>(
     if !declared.realized {
         return deny(ReasonCode::CapabilityNotRealized, &declared.path, &declared.id);
     }
-    decide_indexed(ruleset, index, &prepared.interned, at, usage)
+    decide_indexed(
+        ruleset,
+        index,
+        &prepared.interned,
+        at,
+        usage,
+        Call::Checked(arguments),
+    )
 }
 
 /// Steps 3–8 through the index, for a declared and realised capability.
@@ -113,9 +169,19 @@ fn decide_indexed<'a>(
     interned: &Interned,
     at: Instant,
     usage: Usage,
+    call: Call<'_>,
 ) -> Decision<'a> {
     let matches = ruleset.index().matches(index, interned);
-    decide(ruleset, &ruleset.capabilities()[index].id, matches, at, usage)
+    let all = |found: &mut Vec<usize>| ruleset.index().matching(index, interned, found);
+    decide(
+        ruleset,
+        &ruleset.capabilities()[index].id,
+        matches,
+        all,
+        at,
+        usage,
+        call,
+    )
 }
 
 /// The same decision by a straightforward scan over every grant: the
@@ -127,20 +193,32 @@ pub fn evaluate_linear<'a>(
     at: Instant,
     usage: Usage,
 ) -> Decision<'a> {
+    evaluate_linear_call(ruleset, principal, capability, at, usage, None)
+}
+
+/// `evaluate_call` by the scan.
+pub fn evaluate_linear_call<'a>(
+    ruleset: &'a Ruleset,
+    principal: &Principal,
+    capability: &'a str,
+    at: Instant,
+    usage: Usage,
+    arguments: Arguments<'_>,
+) -> Decision<'a> {
     let Some(declared) = ruleset.capabilities().iter().find(|c| c.id == capability) else {
         return deny(ReasonCode::CapabilityNotDeclared, CAPABILITIES_ANCHOR, capability);
     };
     if !declared.realized {
         return deny(ReasonCode::CapabilityNotRealized, &declared.path, &declared.id);
     }
-    let matches = Matches::fold(
-        ruleset
-            .grants()
-            .iter()
-            .enumerate()
-            .filter(|(_, grant)| grant.matches(principal) && grant.names(&declared.id)),
-    );
-    decide(ruleset, &declared.id, matches, at, usage)
+    let matching = |grant: &Grant| grant.matches(principal) && grant.names(&declared.id);
+    let matches = Matches::fold(ruleset.grants().iter().enumerate().filter(|(_, g)| matching(g)));
+    let all = |found: &mut Vec<usize>| {
+        found.clear();
+        found.extend((0..ruleset.grants().len()).filter(|&g| matching(&ruleset.grants()[g])));
+    };
+    let call = Call::Checked(arguments);
+    decide(ruleset, &declared.id, matches, all, at, usage, call)
 }
 
 /// What steps 4–7 read of the grants that match (there is at least one):
@@ -153,6 +231,9 @@ pub(crate) struct Matches {
     pub ambiguous: Option<usize>,
     /// Step 5: the first match whose account is disabled.
     pub disabled: Option<usize>,
+    /// Some match may carry conditions: step 6 must look at each (the index may say so
+    /// of a list whose conditional grants did not match; the step then finds none).
+    pub conditional: bool,
 }
 
 impl Matches {
@@ -163,7 +244,9 @@ impl Matches {
         let mut ambiguous = false;
         let mut disabled = None;
         let mut winner: Option<(usize, Option<Rate>)> = None;
+        let mut conditional = false;
         for (at, grant) in matching {
+            conditional |= !grant.conditions.is_empty();
             match first {
                 None => first = Some((at, grant.account.id.as_str())),
                 Some((_, account)) if account != grant.account.id => ambiguous = true,
@@ -182,6 +265,7 @@ impl Matches {
             winner,
             ambiguous: ambiguous.then_some(first),
             disabled,
+            conditional,
         })
     }
 }
@@ -190,13 +274,16 @@ fn deny<'a>(code: ReasonCode, path: &'a str, subject: &'a str) -> Decision<'a> {
     Decision::Deny(Reason { code, path, subject })
 }
 
-/// Steps 3–8, given what the matching grants say (`None`: no grant matches).
+/// Steps 3–8, given what the matching grants say (`None`: no grant matches) and, for
+/// step 6, how to list them all (`all`, grant indices in file order).
 fn decide<'a>(
     ruleset: &'a Ruleset,
     capability: &'a str,
     matches: Option<Matches>,
+    all: impl FnOnce(&mut Vec<usize>),
     at: Instant,
     usage: Usage,
+    call: Call<'_>,
 ) -> Decision<'a> {
     let grants = ruleset.grants();
     // Step 3: nothing matches.
@@ -204,6 +291,7 @@ fn decide<'a>(
         winner,
         ambiguous,
         disabled,
+        conditional,
     }) = matches
     else {
         return deny(ReasonCode::NoGrantMatches, GRANTS_ANCHOR, capability);
@@ -217,7 +305,18 @@ fn decide<'a>(
         let grant = &grants[disabled];
         return deny(ReasonCode::AccountDisabled, &grant.path, &grant.account.id);
     }
-    // Steps 6–7: only the winner's ceiling is checked.
+    // Step 6: the matches whose conditions hold apply; the winner is theirs.
+    let (winner, rests_on_conditions) = if conditional {
+        let mut matching = Vec::new();
+        all(&mut matching);
+        match applying(ruleset, &matching, at, call) {
+            Ok(applying) => applying,
+            Err(reason) => return Decision::Deny(reason),
+        }
+    } else {
+        (winner, false)
+    };
+    // Step 7: only the winner's ceiling is checked.
     let grant = &grants[winner];
     if let Some(limits) = &grant.limits {
         match usage {
@@ -242,5 +341,62 @@ fn decide<'a>(
         account: &grant.account,
         limits: grant.limits.as_ref(),
         grant: winner,
+        conditional: rests_on_conditions,
+    })
+}
+
+/// Step 6 over the matching grants (file order): the winner among those that apply, and
+/// whether every one of them carries conditions; or the denial when none applies.
+///
+/// Unconsulted (a listing), every match applies. Checked, a grant applies when all its
+/// conditions hold. When none does, the denial names one condition: the first, in file
+/// order, whose argument is missing (`arguments_missing`: the call might be allowed with
+/// it), else the first grant's first failing condition (`condition_failed`).
+fn applying<'a>(
+    ruleset: &'a Ruleset,
+    matching: &[usize],
+    at: Instant,
+    call: Call<'_>,
+) -> Result<(usize, bool), Reason<'a>> {
+    let grants = ruleset.grants();
+    let mut missing = None;
+    let mut failed = None;
+    let applies = |g: &usize| {
+        let Call::Checked(arguments) = call else {
+            return true;
+        };
+        match first_failing(&grants[*g].conditions, arguments, at) {
+            None => true,
+            Some((condition, Outcome::Missing)) => {
+                missing.get_or_insert(condition);
+                false
+            }
+            Some((condition, _)) => {
+                failed.get_or_insert(condition);
+                false
+            }
+        }
+    };
+    let applying: Vec<usize> = matching.iter().copied().filter(applies).collect();
+    let every_conditional = applying.iter().all(|&g| !grants[g].conditions.is_empty());
+    if let Some(winner) = Matches::fold(applying.iter().map(|&g| (g, &grants[g]))) {
+        return Ok((winner.winner, every_conditional));
+    }
+    let (code, condition) = match (missing, failed) {
+        (Some(condition), _) => (ReasonCode::ArgumentsMissing, condition),
+        (None, Some(condition)) => (ReasonCode::ConditionFailed, condition),
+        // Unreachable: a match that does not apply failed one way or the other. Deny.
+        (None, None) => {
+            return Err(Reason {
+                code: ReasonCode::NoGrantMatches,
+                path: GRANTS_ANCHOR,
+                subject: "",
+            })
+        }
+    };
+    Err(Reason {
+        code,
+        path: &condition.path,
+        subject: condition.test.subject(),
     })
 }

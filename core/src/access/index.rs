@@ -109,6 +109,8 @@ struct List {
     ranked: bool,
     /// Every candidate runs as one account, so no match can be ambiguous.
     one_account: bool,
+    /// Some candidate carries conditions: a decision must look at each match.
+    conditional: bool,
 }
 
 impl List {
@@ -413,6 +415,9 @@ impl Index {
             uses,
             ranked,
             one_account,
+            conditional: members
+                .iter()
+                .any(|&member| !grants[member as usize].conditions.is_empty()),
         });
     }
 
@@ -450,6 +455,29 @@ impl Index {
         let lists = &self.lists[from as usize..to as usize];
         let list = &lists[lists.binary_search_by_key(&issuer, |list| list.issuer).ok()?];
         self.list_matches(list, interned.values.as_ref())
+    }
+
+    /// Every grant of the capability's list that the interned principal matches, as
+    /// grant indices in file order, into `found` (cleared first): what a decision reads
+    /// when some candidate carries conditions.
+    pub(crate) fn matching(&self, capability: usize, interned: &Interned, found: &mut Vec<usize>) {
+        found.clear();
+        let Some(issuer) = interned.issuer else {
+            return;
+        };
+        let Some(&(from, to)) = self.by_capability.get(capability) else {
+            return;
+        };
+        let lists = &self.lists[from as usize..to as usize];
+        let Ok(at) = lists.binary_search_by_key(&issuer, |list| list.issuer) else {
+            return;
+        };
+        let list = &lists[at];
+        let mut matching = vec![0u64; list.words()];
+        self.match_into(list, interned.values.as_ref(), &mut matching);
+        let candidates = &self.candidates[list.start as usize..list.end as usize];
+        found.extend(ones(&matching).map(|at| candidates[at].grant as usize));
+        found.sort_unstable();
     }
 
     /// `found(capability, matches)` for each capability index, in order, for
@@ -514,7 +542,10 @@ impl Index {
         if word == 0 {
             return None;
         }
-        if !(list.ranked && list.one_account) || word & self.words[list.disabled as usize] != 0 {
+        if !(list.ranked && list.one_account)
+            || list.conditional
+            || word & self.words[list.disabled as usize] != 0
+        {
             return self.summarise(list, &[word]);
         }
         let first = word.trailing_zeros();
@@ -522,6 +553,7 @@ impl Index {
             winner: self.candidates[(list.start + first) as usize].grant as usize,
             ambiguous: None,
             disabled: None,
+            conditional: false,
         })
     }
 
@@ -618,6 +650,7 @@ impl Index {
             winner: candidates[winner].grant as usize,
             ambiguous,
             disabled,
+            conditional: list.conditional,
         })
     }
 }
@@ -688,6 +721,7 @@ mod tests {
                     disabled: false,
                 },
                 limits: None,
+                conditions: Vec::new(),
                 path: format!("/grants/{n}"),
             })
             .collect();

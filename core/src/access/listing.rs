@@ -16,6 +16,9 @@ pub struct VisibleCapability<'a> {
     pub limits: Option<&'a Limits>,
     /// The winning grant's pointer.
     pub path: &'a str,
+    /// Every grant that gives it carries conditions: a call may still be denied on its
+    /// arguments or time (conditions are not evaluated for a listing).
+    pub conditional: bool,
 }
 
 /// The capabilities `principal` may see, in declaration order. Ceilings are
@@ -36,6 +39,7 @@ pub fn visible<'a>(ruleset: &'a Ruleset, principal: &Principal, at: Instant) -> 
             account: allow.account,
             limits: allow.limits,
             path: allow.reason.path,
+            conditional: allow.conditional,
         });
     });
     shown

@@ -7,6 +7,7 @@
 //! are data. Same inputs, same decision.
 //! Architecture invariant: a denial has no account and no limits to read.
 
+mod conditions;
 mod decision;
 mod dictionary;
 mod diff;
@@ -17,9 +18,16 @@ mod listing;
 mod ruleset;
 mod who_can;
 
+pub use conditions::{
+    clock, day_number, first_failing, parse_clock, witness, ArgumentPath, Arguments, Condition, Kind,
+    Literal, Op, Outcome, Test, Window, DAY_NAMES, EVERY_DAY,
+};
 pub use decision::{Allow, Decision, Reason, ReasonCode};
 pub use diff::{effective_diff, representatives, Change, ChangeKind, Side, Summary};
-pub use evaluate::{evaluate, evaluate_linear, evaluate_prepared, Prepared};
+pub use evaluate::{
+    evaluate, evaluate_call, evaluate_linear, evaluate_linear_call, evaluate_prepared,
+    evaluate_prepared_call, Prepared,
+};
 pub use limits::{is_looser, more_restrictive, Limits, Standing};
 pub use listing::{visible, VisibleCapability};
 pub use ruleset::{CapabilityRule, Grant, Ruleset, CAPABILITIES_ANCHOR, GRANTS_ANCHOR};

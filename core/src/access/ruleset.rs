@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use super::conditions::Condition;
 use super::dictionary::Dictionary;
 use super::evaluate::Prepared;
 use super::index::Index;
@@ -36,6 +37,8 @@ pub struct Grant {
     pub capabilities: Vec<String>,
     pub account: AccountRef,
     pub limits: Option<Limits>,
+    /// `when`: all must hold for the grant to apply to a call (none: it always applies).
+    pub conditions: Vec<Condition>,
     /// `/grants/g`.
     pub path: String,
 }

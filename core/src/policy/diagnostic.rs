@@ -42,13 +42,24 @@ pub enum Code {
     CatalogToolUnmapped,
     /// An `account` with `upstreams:` is used for a tool of another upstream (ours, 0030).
     AccountNotForUpstream,
+    /// Conditions (`when`) in an artifact of version 1, whose readers would ignore them (ours, 0034).
+    ConditionsNeedVersion2,
+    /// A time condition's zone is not in the IANA database compiled in (ours, 0034).
+    UnknownTimeZone,
+    /// A condition's argument is not in a tool's declared `inputSchema` (ours, 0034).
+    ArgumentNotInSchema,
+    /// A condition compares an argument with a value of another kind than the tool's
+    /// `inputSchema` gives it, or than another condition on it does (ours, 0034).
+    ConditionTypeMismatch,
+    /// No call meets all of a grant's conditions (ours, 0034).
+    ConditionUnsatisfiable,
     /// A secret the server must read itself (a `static-key` issuer's key) cannot be read where
     /// the version was published: the service's warning, never the compiler's.
     SecretUnreadable,
 }
 
 impl Code {
-    pub const ALL: [Code; 18] = [
+    pub const ALL: [Code; 23] = [
         Code::YamlSyntax,
         Code::SchemaViolation,
         Code::DuplicateId,
@@ -66,6 +77,11 @@ impl Code {
         Code::ToolNotInCatalog,
         Code::CatalogToolUnmapped,
         Code::AccountNotForUpstream,
+        Code::ConditionsNeedVersion2,
+        Code::UnknownTimeZone,
+        Code::ArgumentNotInSchema,
+        Code::ConditionTypeMismatch,
+        Code::ConditionUnsatisfiable,
         Code::SecretUnreadable,
     ];
 
@@ -94,6 +110,11 @@ impl Code {
             Code::ToolNotInCatalog => "tool_not_in_catalog",
             Code::CatalogToolUnmapped => "catalog_tool_unmapped",
             Code::AccountNotForUpstream => "account_not_for_upstream",
+            Code::ConditionsNeedVersion2 => "conditions_need_version_2",
+            Code::UnknownTimeZone => "unknown_time_zone",
+            Code::ArgumentNotInSchema => "argument_not_in_schema",
+            Code::ConditionTypeMismatch => "condition_type_mismatch",
+            Code::ConditionUnsatisfiable => "condition_unsatisfiable",
             Code::SecretUnreadable => "secret_unreadable",
         }
     }

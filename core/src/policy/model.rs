@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::access::{Grant, Limits, Ruleset};
+use crate::access::{ArgumentPath, Condition, Grant, Limits, Literal, Op, Ruleset, Test, Window, EVERY_DAY};
 use crate::accounts::{Account, AccountRef, SecretRef};
 use crate::capabilities::{Capability, ToolIndex, ToolMapping, Transport, Upstream};
 use crate::principals::{Issuer, IssuerKind};
@@ -48,7 +48,17 @@ pub(crate) struct RawGrant {
     pub capabilities: Vec<String>,
     pub using: String,
     pub limits: Option<Limits>,
+    /// `when`, in order: each condition as read, or why it cannot be (the entry's
+    /// pointer and the problem), which a check reports.
+    pub conditions: Vec<Result<Condition, Unreadable>>,
     pub path: String,
+}
+
+/// A condition the schema let through that still cannot be evaluated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Unreadable {
+    /// `time.zone` names no zone of the IANA database compiled in.
+    UnknownZone { path: String, zone: String },
 }
 
 /// The declarations of a schema-valid document, in file order.
@@ -60,6 +70,8 @@ pub(crate) struct Declared {
     pub accounts: Vec<Account>,
     pub issuers: Vec<Issuer>,
     pub grants: Vec<RawGrant>,
+    /// The artifact's `version` (1 or 2).
+    pub version: i128,
     /// Look-up sets for the semantic checks, built once so that checking is
     /// linear in the artifact's size.
     names: Names,
@@ -88,6 +100,80 @@ fn string_pairs(node: Option<NodeRef<'_>>) -> Vec<(String, String)> {
 
 fn indexed<'d>(node: Option<NodeRef<'d>>) -> impl Iterator<Item = (usize, NodeRef<'d>)> {
     node.into_iter().flat_map(NodeRef::items).enumerate()
+}
+
+/// A literal as written: a string, a number or a boolean (the schema refused anything else).
+fn literal(node: NodeRef<'_>) -> Literal {
+    if let Some(number) = node.as_number() {
+        Literal::Number(number.as_f64())
+    } else if let Some(flag) = node.as_bool() {
+        Literal::Bool(flag)
+    } else {
+        Literal::String(text(Some(node)))
+    }
+}
+
+/// One `when` entry of a schema-valid grant.
+fn read_condition(node: NodeRef<'_>, path: String) -> Result<Condition, Unreadable> {
+    if let Some(time) = node.get("time") {
+        let zone_name = text(time.get("zone"));
+        let Ok(zone) = jiff::tz::TimeZone::get(&zone_name) else {
+            return Err(Unreadable::UnknownZone {
+                path: format!("{path}/time/zone"),
+                zone: zone_name,
+            });
+        };
+        let days = time.get("days").map_or(EVERY_DAY, |days| {
+            days.items()
+                .filter_map(|day| day.as_str().and_then(crate::access::day_number))
+                .fold(0, |set, day| set | 1 << day)
+        });
+        let clock = |key: &str, default: u16| {
+            time.get(key)
+                .and_then(NodeRef::as_str)
+                .and_then(crate::access::parse_clock)
+                .unwrap_or(default)
+        };
+        return Ok(Condition {
+            path,
+            test: Test::Time(Window {
+                zone_name,
+                zone,
+                days,
+                from: clock("from", 0),
+                until: clock("until", 24 * 60),
+            }),
+        });
+    }
+    let number = |key: &str| node.get(key).and_then(NodeRef::as_number).map(|n| n.as_f64());
+    let op = if let Some(value) = node.get("equals") {
+        Op::Equals(literal(value))
+    } else if let Some(values) = node.get("in") {
+        Op::In(values.items().map(literal).collect())
+    } else if let Some(n) = number("at_most") {
+        Op::AtMost(n)
+    } else if let Some(n) = number("at_least") {
+        Op::AtLeast(n)
+    } else if let Some(n) = number("below") {
+        Op::Below(n)
+    } else if let Some(n) = number("above") {
+        Op::Above(n)
+    } else {
+        Op::StartsWith(text(node.get("starts_with")))
+    };
+    let written = text(node.get("argument"));
+    // INVARIANT: the schema refused a path with an empty segment.
+    let path_in_arguments = ArgumentPath::parse(&written).unwrap_or(ArgumentPath {
+        written,
+        segments: Vec::new(),
+    });
+    Ok(Condition {
+        path,
+        test: Test::Argument {
+            path: path_in_arguments,
+            op,
+        },
+    })
 }
 
 impl Declared {
@@ -211,6 +297,12 @@ impl Declared {
                             per,
                         }
                     }),
+                    conditions: indexed(node.get("when"))
+                        .map(|(c, condition)| {
+                            let path = pointer::join(["grants", &g.to_string(), "when", &c.to_string()]);
+                            read_condition(condition, path)
+                        })
+                        .collect(),
                     path: pointer::join(["grants", &g.to_string()]),
                 }
             })
@@ -222,6 +314,10 @@ impl Declared {
             accounts,
             issuers,
             grants,
+            version: get("version")
+                .and_then(NodeRef::as_number)
+                .and_then(|n| n.as_integer())
+                .unwrap_or(1),
             names: Names::default(),
         };
         declared.names = Names {
@@ -297,6 +393,8 @@ impl Declared {
                 capabilities: raw.capabilities.clone(),
                 account: account_ref(&raw.using),
                 limits: raw.limits.clone(),
+                // Only called without errors: every condition was readable.
+                conditions: raw.conditions.iter().filter_map(|c| c.clone().ok()).collect(),
                 path: raw.path.clone(),
             })
             .collect();

@@ -309,9 +309,16 @@ impl Validator {
     }
 
     fn version(&mut self, node: NodeRef<'_>, path: &str) {
-        let is_one = node.as_number().is_some_and(|n| n.as_f64() == 1.0);
-        if !is_one {
-            self.report(path, "const", None, "`version` must be the number 1");
+        let known = node
+            .as_number()
+            .is_some_and(|n| n.as_f64() == 1.0 || n.as_f64() == 2.0);
+        if !known {
+            self.report(
+                path,
+                "enum",
+                None,
+                "`version` must be the number 1, or 2 for an artifact whose grants carry conditions (`when`)",
+            );
         }
     }
 
@@ -558,9 +565,89 @@ impl Validator {
                     }),
                     ("using", Validator::identifier),
                     ("limits", Validator::limits),
+                    ("when", |v, n, p| {
+                        v.array(n, p, "when", Validator::condition);
+                        if n.is_sequence() && n.items().next().is_none() {
+                            v.report(p, "minItems", None, "`when` must hold at least one condition");
+                        }
+                    }),
                 ],
             },
         );
+    }
+
+    /// `oneOf` of the two condition shapes, `{argument, <one operator>}` and `{time}`:
+    /// one diagnostic at the condition when it is neither, saying what is wrong with the
+    /// shape its keys point to.
+    fn condition(&mut self, node: NodeRef<'_>, path: &str) {
+        let mut argument = Validator::default();
+        argument.object(node, path, "an argument condition", &ARGUMENT_CONDITION);
+        let operators = node
+            .entries()
+            .filter(|(entry, _)| OPERATORS.contains(&entry.key.as_str()))
+            .count();
+        if node.is_mapping() && operators != 1 {
+            argument.report(
+                path,
+                "maxProperties",
+                None,
+                format!(
+                    "an argument condition must have exactly one operator ({}), found {operators}",
+                    OPERATORS.join(", ")
+                ),
+            );
+        }
+        let mut time = Validator::default();
+        time.object(node, path, "a time condition", &TIME_CONDITION);
+        if argument.found.is_empty() == time.found.is_empty() {
+            let is_time = node.get("time").is_some();
+            let problem = if is_time { &time } else { &argument };
+            let detail = problem
+                .found
+                .first()
+                .map(|violation| violation.message.clone())
+                .unwrap_or_default();
+            self.report(
+                path,
+                "oneOf",
+                None,
+                format!(
+                    "a condition must be `{{argument: <path>, <operator>: <value>}}` or `{{time: {{zone, days?, from?, until?}}}}`: {detail}"
+                ),
+            );
+        }
+    }
+
+    fn number(&mut self, node: NodeRef<'_>, path: &str) {
+        if node.as_number().is_none() {
+            let found = describe(node);
+            self.report(
+                path,
+                "type",
+                None,
+                format!("`{}` must be a number, found {found}", last(path)),
+            );
+        }
+    }
+
+    /// A literal an argument is compared with: a string, a number or a boolean.
+    fn scalar(&mut self, node: NodeRef<'_>, path: &str) {
+        let scalar = node.as_str().is_some() || node.as_number().is_some() || node.as_bool().is_some();
+        if !scalar {
+            let found = describe(node);
+            self.report(
+                path,
+                "type",
+                None,
+                format!("a value to compare with must be a string, a number or a boolean, found {found}"),
+            );
+        }
+    }
+
+    fn clock(&mut self, node: NodeRef<'_>, path: &str) {
+        self.patterned(node, path, "time of day", CLOCK_PATTERN, |text| {
+            crate::access::parse_clock(text).is_some()
+        });
     }
 
     fn limits(&mut self, node: NodeRef<'_>, path: &str) {
@@ -627,6 +714,83 @@ impl Validator {
         );
     }
 }
+
+/// The operators of an argument condition (docs/reference.md#conditions).
+const OPERATORS: [&str; 7] = [
+    "equals",
+    "in",
+    "at_most",
+    "at_least",
+    "below",
+    "above",
+    "starts_with",
+];
+
+/// `HH:MM`, 00:00 to 24:00.
+pub const CLOCK_PATTERN: &str = "^(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)$";
+
+/// A path into the arguments: dotted member names, or an RFC 6901 pointer.
+pub const ARGUMENT_PATH_PATTERN: &str = "^((/[^/]+)+|[^/.][^.]*([.][^.]+)*)$";
+
+const ARGUMENT_CONDITION: Shape = Shape {
+    required: &["argument"],
+    properties: &[
+        ("argument", |v, n, p| {
+            v.patterned(n, p, "argument path", ARGUMENT_PATH_PATTERN, |text| {
+                crate::access::ArgumentPath::parse(text).is_some()
+            });
+        }),
+        ("equals", Validator::scalar),
+        ("in", |v, n, p| {
+            v.array(n, p, "in", Validator::scalar);
+            if n.is_sequence() && n.items().next().is_none() {
+                v.report(p, "minItems", None, "`in` must list at least one value");
+            }
+        }),
+        ("at_most", Validator::number),
+        ("at_least", Validator::number),
+        ("below", Validator::number),
+        ("above", Validator::number),
+        ("starts_with", |v, n, p| {
+            v.string(n, p);
+        }),
+    ],
+};
+
+const TIME_CONDITION: Shape = Shape {
+    required: &["time"],
+    properties: &[("time", |v, n, p| {
+        v.object(
+            n,
+            p,
+            "`time`",
+            &Shape {
+                required: &["zone"],
+                properties: &[
+                    ("zone", Validator::non_empty_string),
+                    ("days", |v, n, p| {
+                        v.array(n, p, "days", |v, n, p| {
+                            let day = v.string(n, p);
+                            if day.is_some_and(|day| crate::access::day_number(day).is_none()) {
+                                v.report(
+                                    p,
+                                    "enum",
+                                    None,
+                                    "a day is one of mon, tue, wed, thu, fri, sat, sun",
+                                );
+                            }
+                        });
+                        if n.is_sequence() && n.items().next().is_none() {
+                            v.report(p, "minItems", None, "`days` must name at least one day");
+                        }
+                    }),
+                    ("from", Validator::clock),
+                    ("until", Validator::clock),
+                ],
+            },
+        );
+    })],
+};
 
 fn last(path: &str) -> String {
     pointer::segments(path).pop().unwrap_or_default()

@@ -473,6 +473,7 @@ fn decision_object(answer: &Answer<'_>) -> Value {
                 account,
                 limits,
                 grant: _,
+                conditional: _,
             }) => {
                 context.insert(
                     "reason".into(),

@@ -48,6 +48,7 @@ impl<S: Store> DecisionService for Decisions<S> {
             caller,
             target,
             request_id,
+            arguments_json: _,
         } = &request;
         let target = match target {
             Some(decide_request::Target::Tool(name)) => Target::Tool(name),
@@ -298,6 +299,7 @@ fn listed(listing: &Listing<'_>) -> ListVisibleResponse {
                     limits: item.limits.map(convert::ceiling),
                     path: item.path.to_owned(),
                     decision_id: decision_id.clone(),
+                    conditional: item.conditional,
                 })
                 .collect(),
             tools: seen.tools.iter().copied().map(convert::visible_tool).collect(),

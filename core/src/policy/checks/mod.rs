@@ -4,10 +4,14 @@
 
 mod account_not_for_upstream;
 mod ambiguous_grant;
+mod argument_not_in_schema;
 mod attribute_not_declared;
 mod capability_not_realized;
 mod catalog_tool_unmapped;
 mod claim_mapping_expected;
+mod condition_type_mismatch;
+mod condition_unsatisfiable;
+mod conditions_need_version_2;
 mod dn_mapping_expected;
 mod duplicate_id;
 mod duplicate_tool;
@@ -16,6 +20,7 @@ mod unknown_account_in_grant;
 mod unknown_capability_in_grant;
 mod unknown_capability_in_tool;
 mod unknown_issuer_in_grant;
+mod unknown_time_zone;
 mod unused_account;
 
 use super::document::Document;
@@ -123,6 +128,20 @@ pub(crate) fn run(declared: &Declared, catalog: Option<&Catalog>, findings: &mut
         }
         unknown_capability_in_grant::check(findings, declared, grant);
         unknown_account_in_grant::check(findings, declared, grant);
+        // 10b (ours, 0034). Its conditions: the version, each zone, each argument against
+        // the tools' schemas and the other conditions, then whether any call meets them.
+        if grant.conditions.is_empty() {
+            continue;
+        }
+        conditions_need_version_2::check(findings, declared.version, grant);
+        unknown_time_zone::check(findings, grant);
+        let schemas = argument_not_in_schema::schemas(declared, catalog, grant);
+        let absent = argument_not_in_schema::check(findings, &schemas, grant);
+        let integers = condition_type_mismatch::check(findings, &schemas, grant);
+        if let (false, Some(integers), true) = (absent, integers, grant.conditions.iter().all(Result::is_ok))
+        {
+            condition_unsatisfiable::check(findings, grant, &integers);
+        }
     }
     // 11. Grants that could give one principal two accounts.
     ambiguous_grant::check(findings, &declared.grants);
