@@ -508,7 +508,10 @@ fn reaches_inside_are_reported() {
 fn the_core_depends_only_on_pure_crates() {
     assert_eq!(impure_core_dependencies(repository()), Vec::<String>::new());
     let manifest = fs::read_to_string(repository().join("core/Cargo.toml")).expect("core/Cargo.toml");
-    let jiff = manifest.lines().find(|line| line.starts_with("jiff")).expect("jiff");
+    let jiff = manifest
+        .lines()
+        .find(|line| line.starts_with("jiff"))
+        .expect("jiff");
     assert!(
         jiff.contains("default-features = false") && jiff.contains("tzdb-bundle-always"),
         "jiff must read only its bundled zone database, never the host's: {jiff}"

@@ -172,6 +172,7 @@ impl<S: Store> ForwardAuth<S> {
             retry_facts: Vec::new(),
             // The proxy forwards the request on every 2xx: an allow given twice would run the call
             // twice on one count. A denial may be given again (nginx asks again for its body).
+            arguments: None,
             replayable: Remembered::was_denied,
         };
         let encode: Remember = Arc::new(|answer: &Answer<'_>| {

@@ -419,6 +419,7 @@ async fn decide<S: Store>(
         request_id,
         door: Door::Authzen,
         retry_facts: Vec::new(),
+        arguments: None,
         replayable: pipeline::every_answer,
     };
     let remember: Remember = Arc::new(|answer: &Answer<'_>| decision_object(answer).to_string().into_bytes());
@@ -565,6 +566,7 @@ async fn search<S: Store>(state: &State<S>, headers: &HeaderMap, body: Body) -> 
         request_id: posted.request_id.as_deref(),
         door: Door::Authzen,
         retry_facts: Vec::new(),
+        arguments: None,
         replayable: pipeline::every_answer,
     };
     let listing = pipeline::list(state, &active, ask)

@@ -67,6 +67,7 @@ impl<S: Store> DecisionService for Decisions<S> {
             request_id: (!request_id.is_empty()).then_some(request_id.as_str()),
             door: Door::Capgate,
             retry_facts: Vec::new(),
+            arguments: None,
             replayable: pipeline::every_answer,
         };
         let encode: Remember = Arc::new(|answer: &Answer<'_>| response(answer).encode_to_vec());
@@ -104,6 +105,7 @@ impl<S: Store> DecisionService for Decisions<S> {
             request_id: (!request_id.is_empty()).then_some(request_id.as_str()),
             door: Door::Capgate,
             retry_facts: Vec::new(),
+            arguments: None,
             replayable: pipeline::every_answer,
         };
         let listing = pipeline::list(&self.state, &active, ask)

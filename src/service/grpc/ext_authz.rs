@@ -119,6 +119,7 @@ impl<S: Store> Authorization for ExtAuthz<S> {
                 ("received", forwarded.received.clone().unwrap_or_default()),
                 ("rpc_id", rpc_id.to_string()),
             ],
+            arguments: None,
             replayable: pipeline::every_answer,
         };
         let encode: Remember = {

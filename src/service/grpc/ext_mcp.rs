@@ -174,6 +174,7 @@ impl<S: Store> ExtMcp for ExtMcpDoor<S> {
             request_id,
             door: Door::ExtMcp,
             retry_facts: Vec::new(),
+            arguments: None,
             replayable: pipeline::every_answer,
         };
         let encode: Remember =
@@ -243,6 +244,7 @@ impl<S: Store> ExtMcp for ExtMcpDoor<S> {
             request_id: None,
             door: Door::ExtMcp,
             retry_facts: Vec::new(),
+            arguments: None,
             replayable: pipeline::every_answer,
         };
         let listing = match pipeline::list(&self.state, &active, ask).await {

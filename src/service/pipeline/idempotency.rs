@@ -338,6 +338,7 @@ mod tests {
             request_id: Some("r-1"),
             door: Door::Capgate,
             retry_facts: Vec::new(),
+            arguments: None,
             replayable: super::super::every_answer,
         }
     }

@@ -6,7 +6,9 @@
 //! decision is taken again with what counting found ([`settled`]). A call that could not be
 //! counted is `Usage::Unknown` (denied `usage_unknown`), never zero.
 
-use capgate_core::access::{evaluate_prepared, Decision, Limits, Prepared, ReasonCode, Usage};
+use capgate_core::access::{
+    evaluate_prepared_call, Arguments, Decision, Limits, Prepared, ReasonCode, Usage,
+};
 
 use crate::store::{CounterAsk, Tally};
 
@@ -26,8 +28,9 @@ pub(super) fn first<'a>(
     principal_id: &str,
     capability: &'a str,
     at: i64,
+    arguments: Arguments<'_>,
 ) -> First<'a> {
-    let decision = evaluate_prepared(prepared, capability, at, Usage::NotConsulted);
+    let decision = evaluate_prepared_call(prepared, capability, at, Usage::NotConsulted, arguments);
     match &decision {
         Decision::Allow(allow) => match allow.limits {
             Some(ceiling) => First::Capped(CounterAsk {
@@ -50,6 +53,7 @@ pub(super) fn settled<'a>(
     prepared: &Prepared<'a>,
     capability: &'a str,
     at: i64,
+    arguments: Arguments<'_>,
     tally: Option<Tally>,
 ) -> Metered<'a> {
     let usage = match tally {
@@ -64,8 +68,8 @@ pub(super) fn settled<'a>(
         },
         None => Usage::Unknown,
     };
-    let decision = evaluate_prepared(prepared, capability, at, usage);
-    let ceiling = ceiling_of(prepared, capability, at);
+    let decision = evaluate_prepared_call(prepared, capability, at, usage, arguments);
+    let ceiling = ceiling_of(prepared, capability, at, arguments);
     let Some(ceiling) = ceiling else {
         // The ceiling went with a policy change between the two evaluations: none can (the
         // prepared principal pins one version), but a decision without one is still whole.
@@ -102,8 +106,13 @@ pub(super) fn settled<'a>(
 }
 
 /// The winning grant's ceiling, usage aside.
-fn ceiling_of<'a>(prepared: &Prepared<'a>, capability: &'a str, at: i64) -> Option<&'a Limits> {
-    match evaluate_prepared(prepared, capability, at, Usage::NotConsulted) {
+fn ceiling_of<'a>(
+    prepared: &Prepared<'a>,
+    capability: &'a str,
+    at: i64,
+    arguments: Arguments<'_>,
+) -> Option<&'a Limits> {
+    match evaluate_prepared_call(prepared, capability, at, Usage::NotConsulted, arguments) {
         Decision::Allow(allow) => allow.limits,
         Decision::Deny(_) => None,
     }

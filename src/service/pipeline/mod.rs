@@ -53,11 +53,17 @@ pub struct Ask<'a> {
     /// else (docs/decisions/0027 §1). ext_authz: when Envoy received the request, and the
     /// JSON-RPC id its answer echoes. Empty on the other doors.
     pub retry_facts: Vec<(&'static str, String)>,
+    /// The tool call's arguments, as the door received them; `None` when the door was not
+    /// given them (a grant whose conditions read one then does not apply: docs/decisions/0034).
+    pub arguments: Option<Arc<CallArguments>>,
     /// Whether a remembered answer (as the door encoded it) may be given to a retry:
     /// [`every_answer`] on every door but forward-auth, which replays denials only
     /// (docs/decisions/0029 §5).
     pub replayable: fn(&[u8]) -> bool,
 }
+
+/// A tool call's `arguments` object.
+pub type CallArguments = serde_json::Map<String, serde_json::Value>;
 
 /// Every remembered answer may be given again: the gateway executes a call once, whatever number
 /// of times it asked.
@@ -291,7 +297,8 @@ async fn decide_once<'a, S: Store>(
     };
 
     let prepared = active.policy.ruleset.prepare(&principal);
-    let ask_to_count = match metering::first(&prepared, &principal.id, capability, at_ms) {
+    let arguments = ask.arguments.as_deref();
+    let ask_to_count = match metering::first(&prepared, &principal.id, capability, at_ms, arguments) {
         metering::First::Final(metered) => {
             let answer = answered(active, &mut record, capability, tool, metered);
             return finish(state, ask, keyed, record, answer, remember).await;
@@ -309,6 +316,7 @@ async fn decide_once<'a, S: Store>(
             Target::Capability(_) => None,
         },
         record,
+        arguments: ask.arguments.clone(),
         remembered: keyed.map(|keyed| (ask.gateway.name.clone(), keyed.key.clone(), keyed.fingerprint)),
         remember: remember.clone(),
     });
@@ -322,7 +330,7 @@ async fn decide_once<'a, S: Store>(
     })?;
     let mut record = capped.record.clone();
     let prepared = active.policy.ruleset.prepare(&capped.principal);
-    let metered = metering::settled(&prepared, capability, at_ms, tally);
+    let metered = metering::settled(&prepared, capability, at_ms, arguments, tally);
     let answer = answered(active, &mut record, capability, tool, metered);
     decided_log(&record);
     Ok(answer)
@@ -338,6 +346,8 @@ struct Capped {
     target_tool: Option<String>,
     /// The record as far as it is known before counting.
     record: AuditRecord,
+    /// The call's arguments, which the decision is taken again on.
+    arguments: Option<Arc<CallArguments>>,
     /// `(gateway, request key, fingerprint)` when the answer is remembered for retries.
     remembered: Option<(String, String, Fingerprint)>,
     remember: Remember,
@@ -352,7 +362,8 @@ impl Capped {
             .as_deref()
             .and_then(|name| active.policy.tools.resolve(name));
         let prepared = active.policy.ruleset.prepare(&self.principal);
-        let metered = metering::settled(&prepared, &self.capability, self.record.at_ms, tally);
+        let arguments = self.arguments.as_deref();
+        let metered = metering::settled(&prepared, &self.capability, self.record.at_ms, arguments, tally);
         let mut record = self.record.clone();
         let answer = answered(active, &mut record, &self.capability, tool, metered);
         let remembered = self.remembered.iter().map(|(gateway, key, fingerprint)| {
