@@ -1193,3 +1193,162 @@ async fn a_request_with_more_headers_than_a_gateway_forwards_is_refused_by_name(
     // Two allows were decided; the refusals were not.
     assert_eq!(world.audit().await.len(), 2);
 }
+
+/// A forwarded `tools/call` JSON-RPC body with these `params`.
+fn tools_call_body(params: Value) -> String {
+    json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params}).to_string()
+}
+
+#[tokio::test]
+async fn a_forwarded_body_carries_the_arguments_a_grants_conditions_read() {
+    use support::doors::{
+        refund, Conditional, AMOUNT_CONDITION, CONDITIONAL_TOKEN, CURRENCY_CONDITION, DESK_KEY, REFUND,
+        RELEASE,
+    };
+    let Some(world) = Conditional::start().await else {
+        return;
+    };
+    let key = ("x-api-key", DESK_KEY);
+    let check = |request: CheckRequest| {
+        let mut client = world.doors.ext_authz.clone();
+        async move {
+            seen(
+                &client
+                    .check(as_gateway(request, CONDITIONAL_TOKEN))
+                    .await
+                    .expect("an answered Check")
+                    .into_inner(),
+            )
+        }
+    };
+    // The body alone names the method and the tool; its `params.arguments` are the arguments.
+    let with_body = |arguments: Value| {
+        forwarded_with(
+            &[key],
+            &tools_call_body(json!({"name": REFUND, "arguments": arguments})),
+            HashMap::new(),
+            None,
+        )
+    };
+
+    // Arguments that meet every condition: allowed by the conditional grant.
+    let allowed = check(with_body(refund(100.0, "EUR"))).await;
+    assert_eq!((allowed.grpc, allowed.http), (0, 200), "{allowed:?}");
+    assert_eq!(allowed.metadata["pointer"], json!("/grants/0"));
+    assert_eq!(allowed.headers["x-capgate-account"], "support-payments");
+
+    // Arguments that fail a condition: a policy denial (403, PERMISSION_DENIED, -32001) naming
+    // the condition that failed, in the body and the metadata, and so recorded.
+    for (arguments, pointer) in [
+        (refund(100.5, "EUR"), AMOUNT_CONDITION),
+        (refund(20.0, "GBP"), CURRENCY_CONDITION),
+        (
+            json!({"paymentId": "pay-1", "amount": "20", "currency": "EUR"}),
+            AMOUNT_CONDITION,
+        ),
+    ] {
+        let denied = check(with_body(arguments.clone())).await;
+        assert_eq!(
+            (denied.grpc, denied.http),
+            (Code::PermissionDenied as i32, 403),
+            "{arguments}: {denied:?}"
+        );
+        assert_eq!(denied.body["id"], 7, "{denied:?}");
+        assert_eq!(denied.body["error"]["code"], -32001, "{denied:?}");
+        assert_eq!(
+            denied.body["error"]["data"]["code"], "condition_failed",
+            "{denied:?}"
+        );
+        assert_eq!(denied.body["error"]["data"]["pointer"], pointer, "{denied:?}");
+        assert_eq!(denied.metadata["code"], json!("condition_failed"));
+        assert_eq!(denied.metadata["pointer"], json!(pointer));
+        let record = world.record(&denied_decision(&denied)).await;
+        assert_eq!(record.outcome, RecordOutcome::Deny);
+        assert_eq!(record.code.map(|code| code.as_str()), Some("condition_failed"));
+        assert_eq!(record.path.as_deref(), Some(pointer));
+    }
+
+    // Arguments not forwarded — no body (the target from the headers), or a body whose
+    // `tools/call` has no `arguments` — deny `arguments_missing`, naming the first condition
+    // that reads one: a policy denial like any other.
+    let headers_only = forwarded(&[("mcp-method", "tools/call"), ("mcp-name", REFUND), key]);
+    let no_arguments = forwarded_with(
+        &[key],
+        &tools_call_body(json!({"name": REFUND})),
+        HashMap::new(),
+        None,
+    );
+    for request in [headers_only, no_arguments] {
+        let missing = check(request).await;
+        assert_eq!(
+            (missing.grpc, missing.http),
+            (Code::PermissionDenied as i32, 403),
+            "{missing:?}"
+        );
+        assert_eq!(
+            missing.body["error"]["data"]["code"], "arguments_missing",
+            "{missing:?}"
+        );
+        assert_eq!(
+            missing.body["error"]["data"]["pointer"], AMOUNT_CONDITION,
+            "{missing:?}"
+        );
+        let record = world.record(&denied_decision(&missing)).await;
+        assert_eq!(record.code.map(|code| code.as_str()), Some("arguments_missing"));
+    }
+
+    // `raw_body` (`pack_as_bytes`) is read as `body` is.
+    let mut raw = forwarded(&[key]);
+    if let Some(http) = raw
+        .attributes
+        .as_mut()
+        .and_then(|attributes| attributes.request.as_mut()?.http.as_mut())
+    {
+        http.raw_body =
+            tools_call_body(json!({"name": REFUND, "arguments": refund(5.0, "USD")})).into_bytes();
+    }
+    let allowed = check(raw).await;
+    assert_eq!(allowed.http, 200, "{allowed:?}");
+
+    // A body whose arguments are not an object is not a `tools/call`: refused unread, nothing
+    // decided; and a body Envoy cut is refused whole, never read for arguments.
+    let bad = check(forwarded_with(
+        &[key],
+        &tools_call_body(json!({"name": REFUND, "arguments": [100, "EUR"]})),
+        HashMap::new(),
+        None,
+    ))
+    .await;
+    assert_eq!(
+        (bad.grpc, bad.http, bad.body["error"]["code"].clone()),
+        (Code::InvalidArgument as i32, 400, json!(-32600)),
+        "{bad:?}"
+    );
+    assert!(
+        bad.body["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("`params.arguments`")),
+        "{bad:?}"
+    );
+    let cut = check(forwarded_with(
+        &[key, ("x-envoy-auth-partial-body", "true")],
+        &tools_call_body(json!({"name": REFUND, "arguments": refund(5.0, "USD")})),
+        HashMap::new(),
+        None,
+    ))
+    .await;
+    assert_eq!(cut.http, 413, "{cut:?}");
+
+    // A grant whose only condition is on the instant needs no arguments.
+    let release = check(forwarded(&[
+        ("mcp-method", "tools/call"),
+        ("mcp-name", RELEASE),
+        key,
+    ]))
+    .await;
+    assert_eq!(release.http, 200, "{release:?}");
+    assert_eq!(release.headers["x-capgate-account"], "release-robot");
+
+    // The arguments' values are the caller's business: none is logged.
+    assert!(!world.serve.logs().contains("pay-1"), "an argument was logged");
+}

@@ -27,6 +27,7 @@ use serde_json::{json, Value};
 use tonic::transport::Channel;
 use tonic::Request;
 
+use super::postgres::TestDatabase;
 use super::process::Serve;
 
 /// A client for each door of one server, as the gateway whose token is `token`.
@@ -454,4 +455,144 @@ pub fn structure(fields: &[(&str, ProtoValue)]) -> Struct {
             .map(|(key, value)| ((*key).to_owned(), value.clone()))
             .collect::<BTreeMap<_, _>>(),
     }
+}
+
+/// A version 2 policy whose grants read a call's arguments (docs/policy-guide.md#conditions):
+/// examples/refunds.yaml with a static-key caller every door can carry, and without the office
+/// hours, so that no answer depends on the clock. With examples/refunds.catalog.yaml.
+pub const CONDITIONAL_POLICY: &str = r#"
+version: 2
+capabilities:
+  - id: billing.refund.create
+  - id: deploy.release.approve
+upstreams:
+  - id: payments
+    transport: { kind: mcp-http, url: "https://payments.example.net/mcp" }
+    tools:
+      - { name: create_refund, capability: billing.refund.create }
+  - id: ci
+    transport: { kind: mcp-http, url: "https://ci.example.net/mcp" }
+    tools:
+      - { name: approve_release, capability: deploy.release.approve }
+accounts:
+  - id: support-payments
+    secret: { ref: "env://CONDITIONAL_ACCOUNT_SECRET" }
+    upstreams: [payments]
+  - id: release-robot
+    secret: { ref: "env://CONDITIONAL_ACCOUNT_SECRET" }
+    upstreams: [ci]
+principals:
+  issuers:
+    - id: desk
+      kind: static-key
+      subject: support-desk
+      secret: { ref: "env://CONDITIONAL_DESK_KEY" }
+      attributes: { dept: support }
+grants:
+  # /grants/0: refunds up to 100, in EUR or USD.
+  - to: { issuer: desk, attributes: { dept: support } }
+    capabilities: [billing.refund.create]
+    using: support-payments
+    when:
+      - argument: amount
+        at_most: 100
+      - argument: currency
+        in: [EUR, USD]
+  # /grants/1: releases at any hour of any day (a condition on the instant only).
+  - to: { issuer: desk }
+    capabilities: [deploy.release.approve]
+    using: release-robot
+    when:
+      - time:
+          zone: Europe/Madrid
+          days: [mon, tue, wed, thu, fri, sat, sun]
+          from: "00:00"
+          until: "24:00"
+"#;
+
+/// The catalog [`CONDITIONAL_POLICY`]'s conditions are checked against.
+pub const CONDITIONAL_CATALOG: &str = include_str!("../../examples/refunds.catalog.yaml");
+
+/// The `desk` caller's API key (`x-api-key` on the HTTP doors).
+pub const DESK_KEY: &str = "conditional-desk-key-5e5e";
+/// The one gateway's token: trusted to assert, so every door may carry any caller.
+pub const CONDITIONAL_TOKEN: &str = "conditional-gateway-token-6f6f";
+/// The refund tool and the release tool, as exposed.
+pub const REFUND: &str = "payments__create_refund";
+pub const RELEASE: &str = "ci__approve_release";
+/// The pointers of the refund grant's conditions.
+pub const AMOUNT_CONDITION: &str = "/grants/0/when/0";
+pub const CURRENCY_CONDITION: &str = "/grants/0/when/1";
+
+/// One `capgate serve` with [`CONDITIONAL_POLICY`] over a fresh PostgreSQL database, with
+/// `--http-listen` and the forward-auth door's request id header; a client for each door.
+pub struct Conditional {
+    pub serve: Serve,
+    pub doors: Doors,
+    pub database: TestDatabase,
+    _dir: tempfile::TempDir,
+}
+
+impl Conditional {
+    /// `None` when the PostgreSQL tests are skipped (no `DATABASE_URL`).
+    pub async fn start() -> Option<Conditional> {
+        let database = TestDatabase::create().await?;
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let policy = dir.path().join("policy.yaml");
+        let catalog = dir.path().join("catalog.yaml");
+        std::fs::write(&policy, CONDITIONAL_POLICY).expect("write the policy");
+        std::fs::write(&catalog, CONDITIONAL_CATALOG).expect("write the catalog");
+        let url = database.url();
+        let serve = Serve::start_with_env(
+            &[
+                "--database-url",
+                &url,
+                "--policy",
+                policy.to_str().expect("utf-8"),
+                "--catalog",
+                catalog.to_str().expect("utf-8"),
+                "--http-listen",
+                "127.0.0.1:0",
+                "--asserting-gateway-token",
+                "conditional-gw=env://CONDITIONAL_GATEWAY_TOKEN",
+                "--forward-auth-request-id-header",
+                FORWARD_AUTH_REQUEST_ID,
+            ],
+            &[
+                ("CONDITIONAL_GATEWAY_TOKEN", CONDITIONAL_TOKEN),
+                ("CONDITIONAL_DESK_KEY", DESK_KEY),
+                ("CONDITIONAL_ACCOUNT_SECRET", "conditional-account-secret-7a7a"),
+            ],
+        )
+        .await;
+        let doors = Doors::connect(&serve, CONDITIONAL_TOKEN).await;
+        Some(Conditional {
+            serve,
+            doors,
+            database,
+            _dir: dir,
+        })
+    }
+
+    /// The audit record of `decision_id`.
+    pub async fn record(&self, decision_id: &str) -> capgate::store::AuditRecord {
+        use capgate::store::Store;
+        self.database
+            .store()
+            .await
+            .query_audit(&capgate::store::AuditFilter {
+                limit: 10_000,
+                ..Default::default()
+            })
+            .await
+            .expect("read the audit trail")
+            .into_iter()
+            .find(|record| record.decision_id == decision_id)
+            .unwrap_or_else(|| panic!("no audit record {decision_id}"))
+    }
+}
+
+/// A refund's arguments, as the catalog's `create_refund` takes them.
+pub fn refund(amount: f64, currency: &str) -> Value {
+    json!({"paymentId": "pay-1", "amount": amount, "currency": currency})
 }

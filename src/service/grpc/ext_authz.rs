@@ -20,7 +20,11 @@
 //!
 //! A body, when Envoy forwards it (`with_request_body`), is parsed as JSON-RPC and must agree
 //! with every header it overlaps: a request that says one thing to the router and another to
-//! the upstream is refused. Methods, failing closed: `tools/call` is decided; `initialize`,
+//! the upstream is refused. A `tools/call` body's `params.arguments` (an object, or absent) are
+//! the arguments a grant's conditions read; without a body, or without `arguments` in it, the
+//! arguments were not forwarded, and a grant that reads one denies `arguments_missing`. A body
+//! Envoy cut (`x-envoy-auth-partial-body: true`) is refused whole, as before: it is never read
+//! for a method, a tool or arguments. Methods, failing closed: `tools/call` is decided; `initialize`,
 //! `ping`, `tools/list` and `notifications/*` pass without a decision (ext_authz cannot filter a
 //! response); any other method is refused unless `--ext-authz-allow-method` names it.
 //!
@@ -56,7 +60,7 @@ use crate::service::bounds;
 use crate::service::config::ExtAuthzSettings as Settings;
 use crate::service::grpc::lenient::LenientAuthorization;
 use crate::service::identify::Asked;
-use crate::service::pipeline::{self, Answer, Ask, Refusal, Remember, Replied, Target};
+use crate::service::pipeline::{self, Answer, Ask, CallArguments, Refusal, Remember, Replied, Target};
 use crate::service::proxied::{
     self, bearer_token, Class, Fact, HttpAnswer, AUTHORIZATION, CLIENT_CERT, KUADRANT_METHOD,
     KUADRANT_SERVER, KUADRANT_TOOL, MCP_METHOD, MCP_NAME, RPC_INVALID_REQUEST, RPC_PARSE_ERROR,
@@ -119,7 +123,7 @@ impl<S: Store> Authorization for ExtAuthz<S> {
                 ("received", forwarded.received.clone().unwrap_or_default()),
                 ("rpc_id", rpc_id.to_string()),
             ],
-            arguments: None,
+            arguments: forwarded.arguments.clone(),
             replayable: pipeline::every_answer,
         };
         let encode: Remember = {
@@ -181,6 +185,8 @@ struct Forwarded<'a> {
     received: Option<String>,
     /// The JSON-RPC `id` of the body, echoed in an error body.
     rpc_id: Value,
+    /// The body's `params.arguments`: `None` when no body was forwarded or it has none.
+    arguments: Option<Arc<CallArguments>>,
 }
 
 impl<'a> Forwarded<'a> {
@@ -253,8 +259,10 @@ impl<'a> Forwarded<'a> {
         let mut rpc_id = metadata
             .as_ref()
             .map_or(Value::Null, |metadata| metadata.id.clone());
+        let mut arguments = None;
         if let Some(body) = body {
             rpc_id = body.id.clone();
+            arguments = body.arguments.map(Arc::new);
             if let (Some((field, said)), Some(parsed)) = (&method, &body.method) {
                 if said != parsed {
                     return Err(Rejected::disagreement(field, "method", &rpc_id));
@@ -329,6 +337,7 @@ impl<'a> Forwarded<'a> {
                 .and_then(|attributes| attributes.request.as_ref()?.time.as_ref())
                 .map(|time| format!("{}.{:09}", time.seconds, time.nanos)),
             rpc_id,
+            arguments,
         })
     }
 
@@ -449,11 +458,13 @@ impl<'a> McpMetadata<'a> {
     }
 }
 
-/// A forwarded JSON-RPC request: what it says about the target.
+/// A forwarded JSON-RPC request: what it says about the target, and the call's arguments.
 struct Body {
     method: Option<String>,
     name: Option<String>,
     id: Value,
+    /// `params.arguments`, taken out of the one parse of the body.
+    arguments: Option<CallArguments>,
 }
 
 impl Body {
@@ -498,7 +509,7 @@ impl Body {
                 &Value::Null,
             )
         })?;
-        let Value::Object(message) = parsed else {
+        let Value::Object(mut message) = parsed else {
             return Err(Rejected::new(
                 HttpCode::BadRequest,
                 Code::InvalidArgument,
@@ -529,7 +540,30 @@ impl Body {
             message.get("params").and_then(|params| params.get("name")),
             "params.name",
         )?;
-        Ok(Some(Body { method, name, id }))
+        // Moved out of the parsed body, not copied: the one parse is the only one.
+        let arguments = match message
+            .get_mut("params")
+            .and_then(Value::as_object_mut)
+            .and_then(|params| params.remove("arguments"))
+        {
+            None => None,
+            Some(Value::Object(arguments)) => Some(arguments),
+            Some(_) => {
+                return Err(Rejected::new(
+                    HttpCode::BadRequest,
+                    Code::InvalidArgument,
+                    RPC_INVALID_REQUEST,
+                    "`request.http.body`: `params.arguments` is not an object".to_owned(),
+                    &id,
+                ))
+            }
+        };
+        Ok(Some(Body {
+            method,
+            name,
+            id,
+            arguments,
+        }))
     }
 }
 
