@@ -661,3 +661,96 @@ async fn bad_input_is_refused_naming_the_field_and_untrusted_assertions_are_refu
     assert_eq!(status.code(), Code::Unauthenticated);
     assert!(world.audit().await.is_empty(), "nothing was decided");
 }
+
+#[tokio::test]
+async fn the_calls_params_carry_the_arguments_a_grants_conditions_read() {
+    use support::doors::{
+        refund, Conditional, AMOUNT_CONDITION, CONDITIONAL_TOKEN, CURRENCY_CONDITION, DESK_KEY,
+    };
+    let Some(world) = Conditional::start().await else {
+        return;
+    };
+    let mut client = ExtMcpClient::new(world.serve.channel().await);
+    let desk = || structure(&[("api_key", string(DESK_KEY))]);
+    // agentgateway's `mcp_request` is the `tools/call`'s `params`: the backend's tool name and
+    // the arguments as the client sent them (or none at all).
+    let refund_call = |params: Json| McpRequest {
+        mcp_request: Some(params.to_string().into_bytes()),
+        ..call("payments", "create_refund", desk())
+    };
+    let with = |arguments: Json| refund_call(json!({"name": "create_refund", "arguments": arguments}));
+
+    // Arguments that meet every condition: a pass, as the conditional grant's account.
+    let answered = answer(&mut client, with(refund(100.0, "USD")), CONDITIONAL_TOKEN).await;
+    assert!(
+        matches!(answered.result, Some(mcp_request_result::Result::Pass(_))),
+        "{answered:?}"
+    );
+    let set = answered.header_mutation.expect("headers for the backend").set;
+    assert!(
+        set.iter()
+            .any(|header| header.key == "x-capgate-account" && header.value == b"support-payments"),
+        "{set:?}"
+    );
+
+    // Failing a condition, or not sending the arguments: policy denials (PERMISSION_DENIED,
+    // -32001 for the client), naming the condition, and so recorded.
+    for (request, code, pointer) in [
+        (with(refund(250.0, "EUR")), "condition_failed", AMOUNT_CONDITION),
+        (with(refund(10.0, "CHF")), "condition_failed", CURRENCY_CONDITION),
+        (
+            refund_call(json!({"name": "create_refund"})),
+            "arguments_missing",
+            AMOUNT_CONDITION,
+        ),
+        (
+            with(json!({"amount": 10})),
+            "arguments_missing",
+            CURRENCY_CONDITION,
+        ),
+    ] {
+        let denied = check(&mut client, request, CONDITIONAL_TOKEN)
+            .await
+            .expect_err("denied");
+        assert_eq!(
+            denied.code(),
+            authorization_error::Code::PermissionDenied,
+            "{denied:?}"
+        );
+        let seen = as_client_sees_it(&denied);
+        assert_eq!(seen["code"], -32001, "{seen}");
+        assert_eq!(seen["data"]["pointer"], pointer, "{seen}");
+        let (decision_id, said) = payload(&denied);
+        assert_eq!(said, code, "{seen}");
+        let record = world.record(&decision_id).await;
+        assert_eq!(record.code.map(|code| code.as_str()), Some(code));
+        assert_eq!(record.path.as_deref(), Some(pointer));
+    }
+
+    // Arguments that are not an object are no `tools/call`: refused as invalid, undecided.
+    let refused = check(
+        &mut client,
+        refund_call(json!({"name": "create_refund", "arguments": "amount=5"})),
+        CONDITIONAL_TOKEN,
+    )
+    .await
+    .expect_err("not an object");
+    assert_eq!(refused.code(), authorization_error::Code::Invalid);
+    assert!(
+        refused.reason.contains("mcp_request.arguments"),
+        "{}",
+        refused.reason
+    );
+
+    // A grant whose only condition is on the instant needs no arguments.
+    check(
+        &mut client,
+        McpRequest {
+            mcp_request: Some(json!({"name": "approve_release"}).to_string().into_bytes()),
+            ..call("ci", "approve_release", desk())
+        },
+        CONDITIONAL_TOKEN,
+    )
+    .await
+    .expect("a release at any hour");
+}

@@ -7,7 +7,7 @@
 //!
 //! | call | method | capgate |
 //! |---|---|---|
-//! | `CheckRequest` | `tools/call` | the decision on `<service_names[0]>__<params.name>`: `Pass` with the decision's headers and metadata, or an `AuthorizationError` with the reason |
+//! | `CheckRequest` | `tools/call` | the decision on `<service_names[0]>__<params.name>` with `params.arguments` (absent: not forwarded, so a grant that reads one denies `arguments_missing`): `Pass` with the decision's headers and metadata, or an `AuthorizationError` with the reason |
 //! | `CheckRequest` | `initialize`, `ping`, `tools/list`, `notifications/*` | `Pass` without a decision (nothing is executed) |
 //! | `CheckRequest` | anything else | `PERMISSION_DENIED`: fail closed |
 //! | `CheckResponse` | `tools/list` | the result cut to the tools the caller may see (the listing's function), as `mutated` |
@@ -132,7 +132,7 @@ impl<S: Store> ExtMcp for ExtMcpDoor<S> {
                 "`service_names`: a `tools/call` goes to exactly one backend",
             ))));
         };
-        let params = match mcp_request.as_deref().map(serde_json::from_slice::<Json>) {
+        let mut params = match mcp_request.as_deref().map(serde_json::from_slice::<Json>) {
             Some(Ok(params)) => params,
             Some(Err(error)) => {
                 return Ok(Response::new(refused(&Refused::invalid(&format!(
@@ -140,6 +140,19 @@ impl<S: Store> ExtMcp for ExtMcpDoor<S> {
                 )))))
             }
             None => Json::Null,
+        };
+        // Moved out of the parsed params, not copied.
+        let arguments = match params
+            .as_object_mut()
+            .and_then(|params| params.remove("arguments"))
+        {
+            None => None,
+            Some(Json::Object(arguments)) => Some(Arc::new(arguments)),
+            Some(_) => {
+                return Ok(Response::new(refused(&Refused::invalid(
+                    "`mcp_request.arguments`: not an object",
+                ))))
+            }
         };
         let Some(tool) = params.get("name").and_then(Json::as_str) else {
             return Ok(Response::new(refused(&Refused::invalid(
@@ -174,7 +187,7 @@ impl<S: Store> ExtMcp for ExtMcpDoor<S> {
             request_id,
             door: Door::ExtMcp,
             retry_facts: Vec::new(),
-            arguments: None,
+            arguments,
             replayable: pipeline::every_answer,
         };
         let encode: Remember =
