@@ -1086,3 +1086,159 @@ fn a_public_url_that_is_not_one_is_refused() {
         );
     }
 }
+
+/// The call's arguments come in `resource.properties.arguments`, else `context.arguments`: a
+/// grant's conditions read them, their absence denies `arguments_missing`, and an `arguments`
+/// that is not an object is a 400 naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_arguments_come_in_the_resource_or_the_context() {
+    use support::doors::{
+        refund, Conditional, AMOUNT_CONDITION, CURRENCY_CONDITION, DESK_KEY, REFUND, RELEASE,
+    };
+    let Some(world) = Conditional::start().await else {
+        return;
+    };
+    let desk = json!({"type": "identity", "id": "support-desk", "properties": {"api_key": DESK_KEY}});
+    let ask = |resource_arguments: Option<Value>, context_arguments: Option<Value>| {
+        let mut body = evaluation(desk.clone(), "tool", REFUND);
+        if let Some(arguments) = resource_arguments {
+            body["resource"]["properties"] = json!({"arguments": arguments});
+        }
+        if let Some(arguments) = context_arguments {
+            body["context"] = json!({"arguments": arguments});
+        }
+        body
+    };
+    let reason = |answer: &Value| {
+        (
+            answer["decision"].clone(),
+            answer["context"]["reason"]["code"].clone(),
+            answer["context"]["reason"]["pointer"].clone(),
+        )
+    };
+    let cases = [
+        // (resource's, context's, decision, code, pointer)
+        (Some(refund(99.0, "EUR")), None, true, "granted", "/grants/0"),
+        (None, Some(refund(99.0, "EUR")), true, "granted", "/grants/0"),
+        (
+            Some(refund(101.0, "EUR")),
+            None,
+            false,
+            "condition_failed",
+            AMOUNT_CONDITION,
+        ),
+        (
+            None,
+            Some(refund(1.0, "JPY")),
+            false,
+            "condition_failed",
+            CURRENCY_CONDITION,
+        ),
+        // The resource's are preferred, whichever way the context's would go.
+        (
+            Some(refund(1.0, "USD")),
+            Some(refund(1000.0, "USD")),
+            true,
+            "granted",
+            "/grants/0",
+        ),
+        (
+            Some(refund(1000.0, "USD")),
+            Some(refund(1.0, "USD")),
+            false,
+            "condition_failed",
+            AMOUNT_CONDITION,
+        ),
+        (None, None, false, "arguments_missing", AMOUNT_CONDITION),
+        (
+            Some(json!({})),
+            None,
+            false,
+            "arguments_missing",
+            AMOUNT_CONDITION,
+        ),
+    ];
+    for (resource_arguments, context_arguments, decision, code, pointer) in cases {
+        let body = ask(resource_arguments, context_arguments);
+        let (status, answer) = world.doors.post(EVALUATION, &body, &[]).await;
+        assert_eq!(status, 200, "{body}: {answer}");
+        assert_eq!(
+            reason(&answer),
+            (json!(decision), json!(code), json!(pointer)),
+            "{body}: {answer}"
+        );
+        let decision_id = answer["context"]["decision_id"].as_str().expect("a decision id");
+        let record = world.record(decision_id).await;
+        assert_eq!(record.code.map(|code| code.as_str()), Some(code));
+        assert_eq!(record.path.as_deref(), Some(pointer));
+    }
+
+    // A grant whose only condition is on the instant needs no arguments.
+    let (status, answer) = world
+        .doors
+        .post(EVALUATION, &evaluation(desk.clone(), "tool", RELEASE), &[])
+        .await;
+    assert_eq!(
+        (status, answer["decision"].clone()),
+        (200, json!(true)),
+        "{answer}"
+    );
+
+    // Not an object: a 400 naming the field, as every malformed request.
+    for (body, field) in [
+        (
+            ask(Some(json!([99, "EUR"])), None),
+            "`resource.properties.arguments`",
+        ),
+        (ask(None, Some(json!("amount=99"))), "`context.arguments`"),
+        (
+            ask(Some(refund(1.0, "EUR")), Some(json!(null))),
+            "`context.arguments`",
+        ),
+    ] {
+        let (status, answer) = world.doors.post(EVALUATION, &body, &[]).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert_eq!(answer["error"]["status"], json!(400), "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.starts_with(field), "{field}: {answer}");
+    }
+
+    // A batch: an item's own arguments, else the top level's context; a bad one is named by
+    // its index, and refuses the whole batch before anything is decided.
+    let batch = json!({"subject": desk, "action": {"name": "tools/call"},
+    "context": {"arguments": refund(5.0, "EUR")},
+    "evaluations": [
+        {"resource": {"type": "tool", "id": REFUND}},
+        {"resource": {"type": "tool", "id": REFUND, "properties": {"arguments": refund(500.0, "EUR")}}},
+        {"resource": {"type": "tool", "id": REFUND}, "context": {"arguments": refund(5.0, "GBP")}},
+        {"resource": {"type": "tool", "id": REFUND}, "context": {}},
+    ]});
+    let (status, answer) = world.doors.post(EVALUATIONS, &batch, &[]).await;
+    assert_eq!(status, 200, "{answer}");
+    let seen: Vec<(Value, Value, Value)> = answer["evaluations"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{answer}"))
+        .iter()
+        .map(reason)
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (json!(true), json!("granted"), json!("/grants/0")),
+            (json!(false), json!("condition_failed"), json!(AMOUNT_CONDITION)),
+            (json!(false), json!("condition_failed"), json!(CURRENCY_CONDITION)),
+            (json!(false), json!("arguments_missing"), json!(AMOUNT_CONDITION)),
+        ],
+        "{answer}"
+    );
+    let mut bad = batch.clone();
+    bad["evaluations"][1]["resource"]["properties"]["arguments"] = json!(7);
+    let (status, answer) = world.doors.post(EVALUATIONS, &bad, &[]).await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.starts_with("`evaluations[1].resource.properties.arguments`")),
+        "{answer}"
+    );
+}

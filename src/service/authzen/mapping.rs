@@ -7,11 +7,14 @@
 //! | `properties.issuer` with a credential | the issuer hint |
 //! | `action.name = "tools/call"` | a decision (any other action: 400) |
 //! | `resource {type: "tool", id}` / `{type: "capability", id}` | `Target::Tool` / `Target::Capability` |
+//! | `resource.properties.arguments`, else `context.arguments` (an object) | the call's arguments, which a grant's conditions read (absent: not forwarded) |
 //! | `X-Request-ID` | `request_id` (`<id>/<index>` for a batch's items) |
 //!
 //! Requests are read as a JSON tree first and then field by field, so that every error names the
 //! field (`evaluations[2].resource.id: …`) and never quotes a value (it may be a credential).
-//! Unknown members are ignored, as the spec requires; `context` is accepted and not read.
+//! Unknown members are ignored, as the spec requires; of `context`, only `arguments` is read.
+
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
@@ -21,7 +24,7 @@ use crate::service::bounds::{
     MAX_ISSUER, MAX_SUBJECT, MAX_TARGET,
 };
 use crate::service::identify::{Asked, AssertedCaller};
-use crate::service::pipeline::Target;
+use crate::service::pipeline::{CallArguments, Target};
 
 /// The one action capgate decides: calling an MCP tool (the COAZ-MCP binding's name).
 pub const TOOLS_CALL: &str = "tools/call";
@@ -106,6 +109,8 @@ fn too_deep(body: &[u8]) -> Option<usize> {
 pub struct Evaluation<'a> {
     pub caller: Asked<'a>,
     pub target: Target<'a>,
+    /// The tool call's arguments; `None` when the request carries none.
+    pub arguments: Option<Arc<CallArguments>>,
 }
 
 /// The parts of an evaluation: each from the item itself, else from the batch's defaults.
@@ -114,16 +119,18 @@ pub struct Parts<'a> {
     pub subject: Option<(&'a Value, String)>,
     pub action: Option<(&'a Value, String)>,
     pub resource: Option<(&'a Value, String)>,
+    pub context: Option<(&'a Value, String)>,
 }
 
 impl<'a> Parts<'a> {
-    /// The top level of a request: `subject`, `action`, `resource`.
+    /// The top level of a request: `subject`, `action`, `resource`, `context`.
     pub fn of(object: &'a Map<String, Value>, prefix: &str) -> Parts<'a> {
         let part = |name: &str| object.get(name).map(|value| (value, format!("{prefix}{name}")));
         Parts {
             subject: part("subject"),
             action: part("action"),
             resource: part("resource"),
+            context: part("context"),
         }
     }
 
@@ -133,6 +140,7 @@ impl<'a> Parts<'a> {
             subject: self.subject.or(defaults.subject),
             action: self.action.or(defaults.action),
             resource: self.resource.or(defaults.resource),
+            context: self.context.or(defaults.context),
         }
     }
 
@@ -144,7 +152,12 @@ impl<'a> Parts<'a> {
         action_is_tools_call(action, &action_field)?;
         let target = target(resource, &resource_field)?;
         let caller = caller(subject, &subject_field)?;
-        Ok(Evaluation { caller, target })
+        let arguments = arguments(resource, &resource_field, self.context)?;
+        Ok(Evaluation {
+            caller,
+            target,
+            arguments,
+        })
     }
 }
 
@@ -254,6 +267,40 @@ pub fn target<'a>(resource: &'a Value, field: &str) -> Result<Target<'a>, Proble
         Kind::Tool => Target::Tool(id),
         Kind::Capability => Target::Capability(id),
     })
+}
+
+/// The call's arguments: `resource.properties.arguments`, else `context.arguments`; each must be
+/// an object where it is given. `None` when neither is: the arguments were not forwarded.
+fn arguments(
+    resource: &Value,
+    resource_field: &str,
+    context: Option<(&Value, String)>,
+) -> Result<Option<Arc<CallArguments>>, Problem> {
+    let properties_field = format!("{resource_field}.properties");
+    let of_resource = match object(resource, resource_field)?.get("properties") {
+        None => None,
+        Some(properties) => arguments_in(properties, &properties_field)?,
+    };
+    let of_context = match &context {
+        None => None,
+        Some((context, field)) => arguments_in(context, field)?,
+    };
+    // Copied once, out of the request's tree, for the pipeline to hold.
+    Ok(of_resource
+        .or(of_context)
+        .map(|arguments| Arc::new(arguments.clone())))
+}
+
+/// `holder.arguments` (`holder` an object named `field`), which must be an object when present.
+fn arguments_in<'a>(holder: &'a Value, field: &str) -> Result<Option<&'a CallArguments>, Problem> {
+    match object(holder, field)?.get("arguments") {
+        None => Ok(None),
+        Some(Value::Object(arguments)) => Ok(Some(arguments)),
+        Some(_) => Err(Problem::bad_request(
+            &format!("{field}.arguments"),
+            "must be an object (the tool call's arguments)",
+        )),
+    }
 }
 
 /// The caller a subject names: the credential in its properties, checked to be `id`'s, or else

@@ -419,7 +419,7 @@ async fn decide<S: Store>(
         request_id,
         door: Door::Authzen,
         retry_facts: Vec::new(),
-        arguments: None,
+        arguments: item.arguments,
         replayable: pipeline::every_answer,
     };
     let remember: Remember = Arc::new(|answer: &Answer<'_>| decision_object(answer).to_string().into_bytes());
