@@ -426,3 +426,75 @@ async fn a_counter_that_cannot_be_read_is_503_usage_unknown() {
     .await;
     assert_eq!(uncapped.status, 200, "{uncapped:?}");
 }
+
+/// A subrequest carries no arguments: a grant with an argument condition denies
+/// `arguments_missing` here (a 403 like any policy denial, naming the condition), even when the
+/// proxy sends the original body along; a grant whose condition is on the instant only decides
+/// as anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn argument_conditions_deny_arguments_missing_and_time_conditions_hold() {
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Bytes;
+    use support::doors::{
+        refund, Conditional, AMOUNT_CONDITION, CONDITIONAL_TOKEN, DESK_KEY, REFUND, RELEASE,
+    };
+    let Some(world) = Conditional::start().await else {
+        return;
+    };
+    let doors = &world.doors;
+
+    let missing = ask(doors, "/forward-auth", &call(REFUND, DESK_KEY)).await;
+    assert_eq!(
+        (missing.status, missing.code()),
+        (403, "arguments_missing"),
+        "{missing:?}"
+    );
+    assert_eq!(missing.body["error"]["code"], -32001, "{missing:?}");
+    assert_eq!(
+        missing.body["error"]["data"]["pointer"], AMOUNT_CONDITION,
+        "{missing:?}"
+    );
+    let decision_id = missing.body["error"]["data"]["decision_id"]
+        .as_str()
+        .expect("a decision id");
+    let record = world.record(decision_id).await;
+    assert_eq!(
+        (record.door, record.outcome, record.code.map(|code| code.as_str())),
+        (Door::ForwardAuth, RecordOutcome::Deny, Some("arguments_missing"))
+    );
+    assert_eq!(record.path.as_deref(), Some(AMOUNT_CONDITION));
+
+    // A body the proxy forwards is not read: the arguments in it would meet every condition.
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": REFUND, "arguments": refund(1.0, "EUR")}});
+    let mut request = hyper::Request::builder()
+        .method("POST")
+        .uri(format!("http://{}/forward-auth", doors.http))
+        .header("x-capgate-gateway-token", CONDITIONAL_TOKEN)
+        .header("content-type", "application/json");
+    for (name, value) in call(REFUND, DESK_KEY) {
+        request = request.header(name, value);
+    }
+    let response = doors
+        .http_client
+        .request(
+            request
+                .body(Full::new(Bytes::from(body.to_string())))
+                .expect("a request"),
+        )
+        .await
+        .expect("an HTTP answer");
+    let status = response.status().as_u16();
+    let bytes = response.into_body().collect().await.expect("a body").to_bytes();
+    let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    assert_eq!(
+        (status, answer["error"]["data"]["code"].as_str()),
+        (403, Some("arguments_missing")),
+        "{answer}"
+    );
+
+    // A condition on the instant alone needs no arguments.
+    let release = ask(doors, "/forward-auth", &call(RELEASE, DESK_KEY)).await;
+    assert_eq!(release.status, 200, "{release:?}");
+    assert_eq!(release.header("x-capgate-account"), Some("release-robot"));
+}

@@ -24,6 +24,13 @@
 //! carry a call (a `GET` stream, a `DELETE` ending the session); any other — an older client's
 //! `POST` without `Mcp-Method`, or a proxy that does not say — is refused, since the subrequest
 //! carries no body to read the method from.
+//!
+//! Nor the call's arguments: the door reads no body, even where a proxy sends one, so every
+//! decision here is taken without arguments. A grant with a condition on an argument (policy
+//! version 2, `when: - argument: …`) denies `arguments_missing` (403), naming that condition; a
+//! grant whose conditions are all on the instant (`- time: …`) decides as on any door. A call
+//! that such a grant should allow needs a door that sees the body: Envoy's with
+//! `with_request_body`, agentgateway's, or AuthZEN from a gateway that forwards the arguments.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -170,9 +177,11 @@ impl<S: Store> ForwardAuth<S> {
             request_id: read.request_id,
             door: Door::ForwardAuth,
             retry_facts: Vec::new(),
+            // A subrequest carries no body, so no arguments: a grant that reads one denies
+            // `arguments_missing` through this door (the module's doc).
+            arguments: None,
             // The proxy forwards the request on every 2xx: an allow given twice would run the call
             // twice on one count. A denial may be given again (nginx asks again for its body).
-            arguments: None,
             replayable: Remembered::was_denied,
         };
         let encode: Remember = Arc::new(|answer: &Answer<'_>| {
