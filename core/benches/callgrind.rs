@@ -3,8 +3,11 @@
 //! compare two versions of the code where timings on a shared machine cannot.
 //!
 //! Arguments (after cargo's own `--bench`): grants (1000 or 10000), what to
-//! run (`indexed`, `linear`, `prepared`, `prepare`, `listing` or `compile`)
-//! and how many requests (or preparations, listings, compiles). `prepared`
+//! run (`indexed`, `linear`, `prepared`, `prepare`, `listing`, `compile`, or for
+//! conditions `call`, `call-conditional` and `compile-conditional`) and how many requests
+//! (or preparations, listings, compiles). `call` decides the stream with arguments through
+//! `evaluate_call` on the plain policy, `call-conditional` the same on the policy whose every
+//! grant carries conditions (count `*decide_call_stream*`). `prepared`
 //! decides each request for its principal prepared beforehand (once per
 //! token), `prepare` prepares the requests' principals and nothing else. Only
 //! `decide_stream`, `decide_prepared_stream`, `prepare_stream`, `list_stream`
@@ -19,7 +22,8 @@ mod support;
 use std::hint::black_box;
 
 use capgate_core::access::{
-    evaluate, evaluate_linear, evaluate_prepared, visible, Decision, Instant, Prepared, Ruleset, Usage,
+    evaluate, evaluate_call, evaluate_linear, evaluate_prepared, visible, Decision, Instant, Prepared,
+    Ruleset, Usage,
 };
 use capgate_core::principals::Principal;
 
@@ -39,6 +43,30 @@ fn decide_stream(stream: &Stream, count: usize, evaluator: Evaluator) -> usize {
                 black_box(capability),
                 0,
                 Usage::NotConsulted,
+            )
+            .is_allow()
+        })
+        .count()
+}
+
+/// Decides the first `count` requests of the stream (cycling) with `arguments`, through
+/// `evaluate_call`, returning how many were allowed: the conditional stream's decisions.
+#[inline(never)]
+fn decide_call_stream(
+    stream: &Stream,
+    count: usize,
+    arguments: &serde_json::Map<String, serde_json::Value>,
+) -> usize {
+    (0..count)
+        .filter(|&n| {
+            let (principal, capability) = stream.request(n % stream.requests.len());
+            evaluate_call(
+                &stream.ruleset,
+                black_box(principal),
+                black_box(capability),
+                0,
+                Usage::NotConsulted,
+                Some(black_box(arguments)),
             )
             .is_allow()
         })
@@ -120,10 +148,27 @@ fn main() {
     let grants = number(0, 10_000);
     let what = args.get(1).map_or("indexed", String::as_str);
     let count = number(2, 10_000);
-    if what == "compile" {
-        let text = stream::policy(grants, support::SEED).text;
+    if what == "compile" || what == "compile-conditional" {
+        let text = if what == "compile" {
+            stream::policy(grants, support::SEED).text
+        } else {
+            stream::conditional_policy(grants, support::SEED).text
+        };
         let result = compile_stream(&text, count);
-        println!("compile at {grants} grants: {count} runs, result {result}");
+        println!("{what} at {grants} grants: {count} runs, result {result}");
+        return;
+    }
+    if what == "call" || what == "call-conditional" {
+        // The same requests with the same arguments, over the policy without conditions
+        // (`call`) and with them (`call-conditional`): the difference is what conditions cost.
+        let stream = if what == "call" {
+            stream::build(grants, stream::PRINCIPALS, 8_192, support::SEED)
+        } else {
+            stream::build_conditional(grants, stream::PRINCIPALS, 8_192, support::SEED)
+        };
+        let arguments = serde_json::from_str(stream::CONDITIONAL_ARGUMENTS).expect("an object");
+        let result = decide_call_stream(&stream, count, &arguments);
+        println!("{what} at {grants} grants: {count} runs, result {result}");
         return;
     }
     let stream = stream::build(grants, stream::PRINCIPALS, 8_192, support::SEED);
@@ -148,7 +193,10 @@ fn main() {
             list_stream(&stream, count)
         }
         other => {
-            panic!("`{other}` is not one of `indexed`, `linear`, `prepared`, `prepare`, `listing`, `compile`")
+            panic!(
+                "`{other}` is not one of `indexed`, `linear`, `prepared`, `prepare`, `listing`, `compile`, \
+                 `compile-conditional`, `call`, `call-conditional`"
+            )
         }
     };
     println!("{what} at {grants} grants: {count} runs, result {result}");

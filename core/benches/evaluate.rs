@@ -12,7 +12,8 @@ mod support;
 use std::hint::black_box;
 
 use capgate_core::access::{
-    evaluate, evaluate_linear, evaluate_prepared, visible, Decision, Prepared, ReasonCode, Ruleset, Usage,
+    evaluate, evaluate_call, evaluate_linear, evaluate_prepared, visible, Decision, Prepared, ReasonCode,
+    Ruleset, Usage,
 };
 use capgate_core::policy::{compile, schema, Document, Severity};
 use capgate_core::principals::Principal;
@@ -359,5 +360,67 @@ fn streams(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decisions_and_listings, compiling, streams);
+/// Conditions (docs/decisions/0034): the same 1 000-grant stream decided with the same
+/// arguments through `evaluate_call`, over the plain policy and over the one whose every grant
+/// carries an amount ceiling, a currency list and (one in four) a weekday window; and the
+/// compile of the conditional 10 000-grant artifact against its 500 ms target.
+fn conditions(c: &mut Criterion) {
+    let arguments: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(stream::CONDITIONAL_ARGUMENTS).expect("an object");
+    let plain = stream::build(1_000, stream::PRINCIPALS, STREAM, support::SEED);
+    let conditional = stream::build_conditional(1_000, stream::PRINCIPALS, STREAM, support::SEED);
+    // The arguments meet every condition, so both decide every request alike (the pointers
+    // are the same grants'): what differs is only the conditions' cost.
+    for n in 0..plain.requests.len() {
+        let (principal, capability) = plain.request(n);
+        let a = evaluate_call(
+            &plain.ruleset,
+            principal,
+            capability,
+            AT,
+            Usage::NotConsulted,
+            Some(&arguments),
+        );
+        let b = evaluate_call(
+            &conditional.ruleset,
+            principal,
+            capability,
+            AT,
+            Usage::NotConsulted,
+            Some(&arguments),
+        );
+        assert_eq!(a.outcome(), b.outcome(), "{principal:?} `{capability}`");
+        assert_eq!(a.reason().path, b.reason().path, "{principal:?} `{capability}`");
+    }
+    let mut group = c.benchmark_group("conditions/1000");
+    for (name, stream) in [("unconditional", &plain), ("conditional", &conditional)] {
+        let mut next = 0;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let (principal, capability) = stream.request(next % stream.requests.len());
+                next += 1;
+                evaluate_call(
+                    &stream.ruleset,
+                    black_box(principal),
+                    black_box(capability),
+                    AT,
+                    Usage::NotConsulted,
+                    Some(black_box(&arguments)),
+                )
+                .is_allow()
+            })
+        });
+    }
+    group.finish();
+
+    let text = stream::conditional_policy(10_000, support::SEED).text;
+    let mut group = c.benchmark_group("conditions_compile/10000");
+    group.sample_size(10);
+    group.bench_function("end_to_end", |b| {
+        b.iter(|| compile(black_box(text.as_bytes()), None))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, decisions_and_listings, compiling, streams, conditions);
 criterion_main!(benches);

@@ -82,15 +82,28 @@ impl ArgumentPath {
     /// number indexes an array; on an object it is a member name like any other.
     pub fn find<'v>(&self, arguments: &'v Map<String, Value>) -> Option<&'v Value> {
         let (first, rest) = self.segments.split_first()?;
-        let mut at = arguments.get(first)?;
+        let mut at = member(arguments, first)?;
         for segment in rest {
             at = match at {
-                Value::Object(members) => members.get(segment)?,
+                Value::Object(members) => member(members, segment)?,
                 Value::Array(items) => items.get(segment.parse::<usize>().ok()?)?,
                 _ => return None,
             };
         }
         Some(at)
+    }
+}
+
+/// The member `name` of an object. A small object (a tool call's arguments mostly are) is
+/// scanned rather than hashed: comparing a few short names costs less than hashing one.
+fn member<'v>(object: &'v Map<String, Value>, name: &str) -> Option<&'v Value> {
+    if object.len() <= 8 {
+        object
+            .iter()
+            .find(|(key, _)| key.as_str() == name)
+            .map(|(_, value)| value)
+    } else {
+        object.get(name)
     }
 }
 

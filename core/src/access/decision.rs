@@ -95,8 +95,9 @@ pub struct Allow<'a> {
     pub limits: Option<&'a Limits>,
     /// Index of the winning grant.
     pub grant: usize,
-    /// Every grant that applies carries conditions: the call was allowed on what it
-    /// does, not only on who makes it (for a listing, on what a call would do).
+    /// The allow rests on conditions: for a call, the winning grant carries some (the call
+    /// was allowed on what it does, not only on who makes it); for a listing, every grant
+    /// that matches does (a call may still be denied on its arguments or time).
     pub conditional: bool,
 }
 

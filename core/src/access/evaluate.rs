@@ -3,7 +3,7 @@
 //! reaching the allow means passing every step.
 
 use super::conditions::{first_failing, Arguments, Outcome};
-use super::index::Interned;
+use super::index::{Interned, Order};
 use super::limits::{replaces, Rate};
 use super::{Allow, Decision, Grant, Instant, Reason, ReasonCode, Ruleset, Usage};
 use super::{CAPABILITIES_ANCHOR, GRANTS_ANCHOR};
@@ -109,7 +109,7 @@ impl<'r> Prepared<'r> {
             if !declared.realized {
                 return;
             }
-            let all = |found: &mut Vec<usize>| ruleset.index().matching(index, &self.interned, found);
+            let all = |visit: &mut Visit<'_>| ruleset.index().visit_matching(index, &self.interned, visit);
             let decision = decide(
                 ruleset,
                 &declared.id,
@@ -172,7 +172,7 @@ fn decide_indexed<'a>(
     call: Call<'_>,
 ) -> Decision<'a> {
     let matches = ruleset.index().matches(index, interned);
-    let all = |found: &mut Vec<usize>| ruleset.index().matching(index, interned, found);
+    let all = |visit: &mut Visit<'_>| ruleset.index().visit_matching(index, interned, visit);
     decide(
         ruleset,
         &ruleset.capabilities()[index].id,
@@ -213,9 +213,12 @@ pub fn evaluate_linear_call<'a>(
     }
     let matching = |grant: &Grant| grant.matches(principal) && grant.names(&declared.id);
     let matches = Matches::fold(ruleset.grants().iter().enumerate().filter(|(_, g)| matching(g)));
-    let all = |found: &mut Vec<usize>| {
-        found.clear();
-        found.extend((0..ruleset.grants().len()).filter(|&g| matching(&ruleset.grants()[g])));
+    let all = |visit: &mut Visit<'_>| {
+        for g in 0..ruleset.grants().len() {
+            if matching(&ruleset.grants()[g]) && visit(g, Order::FileOrder) {
+                break;
+            }
+        }
     };
     let call = Call::Checked(arguments);
     decide(ruleset, &declared.id, matches, all, at, usage, call)
@@ -274,13 +277,17 @@ fn deny<'a>(code: ReasonCode, path: &'a str, subject: &'a str) -> Decision<'a> {
     Decision::Deny(Reason { code, path, subject })
 }
 
+/// Visits the matching grants (grant indices) until the visitor returns `true`, and says in
+/// which order it visited them.
+pub(crate) type Visit<'v> = dyn FnMut(usize, Order) -> bool + 'v;
+
 /// Steps 3–8, given what the matching grants say (`None`: no grant matches) and, for
-/// step 6, how to list them all (`all`, grant indices in file order).
+/// step 6, how to visit them all (`all`).
 fn decide<'a>(
     ruleset: &'a Ruleset,
     capability: &'a str,
     matches: Option<Matches>,
-    all: impl FnOnce(&mut Vec<usize>),
+    all: impl FnOnce(&mut Visit<'_>),
     at: Instant,
     usage: Usage,
     call: Call<'_>,
@@ -307,9 +314,7 @@ fn decide<'a>(
     }
     // Step 6: the matches whose conditions hold apply; the winner is theirs.
     let (winner, rests_on_conditions) = if conditional {
-        let mut matching = Vec::new();
-        all(&mut matching);
-        match applying(ruleset, &matching, at, call) {
+        match applying(ruleset, all, at, call) {
             Ok(applying) => applying,
             Err(reason) => return Decision::Deny(reason),
         }
@@ -345,46 +350,75 @@ fn decide<'a>(
     })
 }
 
-/// Step 6 over the matching grants (file order): the winner among those that apply, and
-/// whether every one of them carries conditions; or the denial when none applies.
+/// Step 6 over the matching grants: the winner among those that apply, and whether the
+/// allow rests on conditions; or the denial when none applies.
 ///
-/// Unconsulted (a listing), every match applies. Checked, a grant applies when all its
-/// conditions hold. When none does, the denial names one condition: the first, in file
-/// order, whose argument is missing (`arguments_missing`: the call might be allowed with
-/// it), else the first grant's first failing condition (`condition_failed`).
+/// Unconsulted (a listing), every match applies, and the allow rests on conditions when every
+/// match carries some. Checked (a call), a grant applies when all its conditions hold, and
+/// the allow rests on conditions when the winner carries some. When none applies, the denial
+/// names one condition: the first, in file order of grants, whose argument is missing
+/// (`arguments_missing`: the call might be allowed with it), else the first grant's first
+/// failing condition (`condition_failed`).
+///
+/// Visited most restrictive first (`Order::Ranked`), the first grant that applies wins and
+/// a call looks no further; in file order, the winner is the fold of `replaces`, as
+/// `Matches::fold` takes it. Nothing is allocated.
 fn applying<'a>(
     ruleset: &'a Ruleset,
-    matching: &[usize],
+    all: impl FnOnce(&mut Visit<'_>),
     at: Instant,
     call: Call<'_>,
 ) -> Result<(usize, bool), Reason<'a>> {
     let grants = ruleset.grants();
-    let mut missing = None;
-    let mut failed = None;
-    let applies = |g: &usize| {
-        let Call::Checked(arguments) = call else {
-            return true;
-        };
-        match first_failing(&grants[*g].conditions, arguments, at) {
-            None => true,
-            Some((condition, Outcome::Missing)) => {
-                missing.get_or_insert(condition);
-                false
+    let mut missing: Option<(usize, &'a super::Condition)> = None;
+    let mut failed: Option<(usize, &'a super::Condition)> = None;
+    let mut winner: Option<(usize, Option<Rate>)> = None;
+    let mut every_conditional = true;
+    all(&mut |g: usize, order: Order| {
+        let grant = &grants[g];
+        if let Call::Checked(arguments) = call {
+            match first_failing(&grant.conditions, arguments, at) {
+                None => {}
+                Some((condition, outcome)) => {
+                    let slot = if outcome == Outcome::Missing {
+                        &mut missing
+                    } else {
+                        &mut failed
+                    };
+                    if slot.is_none_or(|(earlier, _)| g < earlier) {
+                        *slot = Some((g, condition));
+                    }
+                    return false;
+                }
             }
-            Some((condition, _)) => {
-                failed.get_or_insert(condition);
+        }
+        every_conditional &= !grant.conditions.is_empty();
+        let rate = grant.limits.as_ref().map(Rate::of);
+        match order {
+            // The first that applies wins; a call looks no further, a listing visits every
+            // match to say whether all carry conditions.
+            Order::Ranked => {
+                winner.get_or_insert((g, rate));
+                matches!(call, Call::Checked(_))
+            }
+            Order::FileOrder => {
+                if winner.is_none_or(|(_, incumbent)| replaces(rate, incumbent)) {
+                    winner = Some((g, rate));
+                }
                 false
             }
         }
-    };
-    let applying: Vec<usize> = matching.iter().copied().filter(applies).collect();
-    let every_conditional = applying.iter().all(|&g| !grants[g].conditions.is_empty());
-    if let Some(winner) = Matches::fold(applying.iter().map(|&g| (g, &grants[g]))) {
-        return Ok((winner.winner, every_conditional));
+    });
+    if let Some((winner, _)) = winner {
+        let rests = match call {
+            Call::NotConsulted => every_conditional,
+            Call::Checked(_) => !grants[winner].conditions.is_empty(),
+        };
+        return Ok((winner, rests));
     }
-    let (code, condition) = match (missing, failed) {
-        (Some(condition), _) => (ReasonCode::ArgumentsMissing, condition),
-        (None, Some(condition)) => (ReasonCode::ConditionFailed, condition),
+    let (code, (_, condition)) = match (missing, failed) {
+        (Some(found), _) => (ReasonCode::ArgumentsMissing, found),
+        (None, Some(found)) => (ReasonCode::ConditionFailed, found),
         // Unreachable: a match that does not apply failed one way or the other. Deny.
         (None, None) => {
             return Err(Reason {

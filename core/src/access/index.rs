@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use rustc_hash::FxBuildHasher;
 
 use super::dictionary::Dictionary;
-use super::evaluate::Matches;
+use super::evaluate::{Matches, Visit};
 use super::limits::{orders_totally, replaces, restrictiveness, Rate};
 use super::Grant;
 use crate::principals::Principal;
@@ -457,11 +457,11 @@ impl Index {
         self.list_matches(list, interned.values.as_ref())
     }
 
-    /// Every grant of the capability's list that the interned principal matches, as
-    /// grant indices in file order, into `found` (cleared first): what a decision reads
-    /// when some candidate carries conditions.
-    pub(crate) fn matching(&self, capability: usize, interned: &Interned, found: &mut Vec<usize>) {
-        found.clear();
+    /// `visit(grant, order)` for each grant of the capability's list that the interned
+    /// principal matches, until `visit` returns `true`: what a decision reads when some
+    /// candidate carries conditions. `order` is the list's: `Ranked` (most restrictive
+    /// ceiling first, ties in file order, so the first grant that applies wins) or `FileOrder`.
+    pub(crate) fn visit_matching(&self, capability: usize, interned: &Interned, visit: &mut Visit<'_>) {
         let Some(issuer) = interned.issuer else {
             return;
         };
@@ -473,11 +473,33 @@ impl Index {
             return;
         };
         let list = &lists[at];
-        let mut matching = vec![0u64; list.words()];
-        self.match_into(list, interned.values.as_ref(), &mut matching);
-        let candidates = &self.candidates[list.start as usize..list.end as usize];
-        found.extend(ones(&matching).map(|at| candidates[at].grant as usize));
-        found.sort_unstable();
+        let words = list.words();
+        let mut inline = [0u64; INLINE_WORDS];
+        let mut spilled = Vec::new();
+        let matching: &mut [u64] = if words <= INLINE_WORDS {
+            &mut inline[..words]
+        } else {
+            spilled.resize(words, 0);
+            &mut spilled
+        };
+        self.match_into(list, interned.values.as_ref(), matching);
+        let (start, end) = (list.start as usize, list.end as usize);
+        let candidates = &self.candidates[start..end];
+        if list.ranked {
+            for at in ones(matching) {
+                if visit(candidates[at].grant as usize, Order::Ranked) {
+                    break;
+                }
+            }
+        } else {
+            for &at in &self.file_order[start..end] {
+                if has(matching, at as usize)
+                    && visit(candidates[at as usize].grant as usize, Order::FileOrder)
+                {
+                    break;
+                }
+            }
+        }
     }
 
     /// `found(capability, matches)` for each capability index, in order, for
@@ -653,6 +675,15 @@ impl Index {
             conditional: list.conditional,
         })
     }
+}
+
+/// The order `Index::visit_matching` visits a list's matches in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Order {
+    /// Most restrictive ceiling first, ties in file order: the first that applies wins.
+    Ranked,
+    /// File order: the winner is the fold of `replaces` over those that apply.
+    FileOrder,
 }
 
 /// A principal interned against one ruleset's index.
