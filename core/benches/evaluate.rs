@@ -413,12 +413,18 @@ fn conditions(c: &mut Criterion) {
     }
     group.finish();
 
-    let text = stream::conditional_policy(10_000, support::SEED).text;
+    // Side by side with the same grants without conditions, the baseline of the same run.
     let mut group = c.benchmark_group("conditions_compile/10000");
     group.sample_size(10);
-    group.bench_function("end_to_end", |b| {
-        b.iter(|| compile(black_box(text.as_bytes()), None))
-    });
+    for (name, text) in [
+        ("unconditional", stream::policy(10_000, support::SEED).text),
+        (
+            "conditional",
+            stream::conditional_policy(10_000, support::SEED).text,
+        ),
+    ] {
+        group.bench_function(name, |b| b.iter(|| compile(black_box(text.as_bytes()), None)));
+    }
     group.finish();
 }
 

@@ -48,9 +48,11 @@ pub(crate) struct RawGrant {
     pub capabilities: Vec<String>,
     pub using: String,
     pub limits: Option<Limits>,
-    /// `when`, in order: each condition as read, or why it cannot be (the entry's
-    /// pointer and the problem), which a check reports.
-    pub conditions: Vec<Result<Condition, Unreadable>>,
+    /// `when`, in order: the conditions as read.
+    pub conditions: Vec<Condition>,
+    /// The `when` entries that cannot be read (the entry's pointer and the problem), which
+    /// a check reports.
+    pub unreadable: Vec<Unreadable>,
     pub path: String,
 }
 
@@ -269,7 +271,7 @@ impl Declared {
         let grants = indexed(get("grants"))
             .map(|(g, node)| {
                 let to = node.get("to");
-                RawGrant {
+                let mut grant = RawGrant {
                     issuer: text(to.and_then(|to| to.get("issuer"))),
                     selector: string_pairs(to.and_then(|to| to.get("attributes"))),
                     capabilities: node
@@ -297,14 +299,18 @@ impl Declared {
                             per,
                         }
                     }),
-                    conditions: indexed(node.get("when"))
-                        .map(|(c, condition)| {
-                            let path = pointer::join(["grants", &g.to_string(), "when", &c.to_string()]);
-                            read_condition(condition, path)
-                        })
-                        .collect(),
+                    conditions: Vec::new(),
+                    unreadable: Vec::new(),
                     path: pointer::join(["grants", &g.to_string()]),
+                };
+                for (c, condition) in indexed(node.get("when")) {
+                    let path = pointer::join(["grants", &g.to_string(), "when", &c.to_string()]);
+                    match read_condition(condition, path) {
+                        Ok(condition) => grant.conditions.push(condition),
+                        Err(unreadable) => grant.unreadable.push(unreadable),
+                    }
                 }
+                grant
             })
             .collect();
 
@@ -386,15 +392,14 @@ impl Declared {
         };
         let grants = self
             .grants
-            .iter()
+            .iter_mut()
             .map(|raw| Grant {
                 issuer: raw.issuer.clone(),
                 selector: raw.selector.clone(),
                 capabilities: raw.capabilities.clone(),
                 account: account_ref(&raw.using),
                 limits: raw.limits.clone(),
-                // Only called without errors: every condition was readable.
-                conditions: raw.conditions.iter().filter_map(|c| c.clone().ok()).collect(),
+                conditions: std::mem::take(&mut raw.conditions),
                 path: raw.path.clone(),
             })
             .collect();

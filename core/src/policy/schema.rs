@@ -579,29 +579,33 @@ impl Validator {
     /// `oneOf` of the two condition shapes, `{argument, <one operator>}` and `{time}`:
     /// one diagnostic at the condition when it is neither, saying what is wrong with the
     /// shape its keys point to.
+    ///
+    /// Only the shape the keys point to is probed: the other cannot match, since each shape
+    /// requires its own key and refuses the other's (`time` is no property of an argument
+    /// condition, `argument` none of a time condition).
     fn condition(&mut self, node: NodeRef<'_>, path: &str) {
-        let mut argument = Validator::default();
-        argument.object(node, path, "an argument condition", &ARGUMENT_CONDITION);
-        let operators = node
-            .entries()
-            .filter(|(entry, _)| OPERATORS.contains(&entry.key.as_str()))
-            .count();
-        if node.is_mapping() && operators != 1 {
-            argument.report(
-                path,
-                "maxProperties",
-                None,
-                format!(
-                    "an argument condition must have exactly one operator ({}), found {operators}",
-                    OPERATORS.join(", ")
-                ),
-            );
+        let mut problem = Validator::default();
+        if node.get("time").is_some() {
+            problem.object(node, path, "a time condition", &TIME_CONDITION);
+        } else {
+            problem.object(node, path, "an argument condition", &ARGUMENT_CONDITION);
+            let operators = node
+                .entries()
+                .filter(|(entry, _)| OPERATORS.contains(&entry.key.as_str()))
+                .count();
+            if node.is_mapping() && operators != 1 {
+                problem.report(
+                    path,
+                    "maxProperties",
+                    None,
+                    format!(
+                        "an argument condition must have exactly one operator ({}), found {operators}",
+                        OPERATORS.join(", ")
+                    ),
+                );
+            }
         }
-        let mut time = Validator::default();
-        time.object(node, path, "a time condition", &TIME_CONDITION);
-        if argument.found.is_empty() == time.found.is_empty() {
-            let is_time = node.get("time").is_some();
-            let problem = if is_time { &time } else { &argument };
+        if !problem.found.is_empty() {
             let detail = problem
                 .found
                 .first()

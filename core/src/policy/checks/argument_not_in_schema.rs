@@ -96,7 +96,7 @@ pub(super) fn schemas<'c>(
 /// Reports each condition whose argument some tool's schema lacks; returns whether any was.
 pub(super) fn check(findings: &mut Findings<'_>, tools: &[(String, &PlainValue)], grant: &RawGrant) -> bool {
     let mut found = false;
-    for condition in grant.conditions.iter().flatten() {
+    for condition in &grant.conditions {
         let Test::Argument { path, .. } = &condition.test else {
             continue;
         };

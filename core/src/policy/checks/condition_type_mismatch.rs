@@ -27,7 +27,7 @@ pub(super) fn check(
     let mut integers = Vec::new();
     let mut clean = true;
     let mut earlier: Vec<(&[String], Vec<Kind>, &str)> = Vec::new();
-    for condition in grant.conditions.iter().flatten() {
+    for condition in &grant.conditions {
         let Test::Argument { path, op } = &condition.test else {
             continue;
         };

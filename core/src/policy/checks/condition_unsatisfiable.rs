@@ -11,8 +11,8 @@ use crate::policy::Code;
 
 /// `integers`: the argument paths a tool's schema says are whole numbers.
 pub(super) fn check(findings: &mut Findings<'_>, grant: &RawGrant, integers: &[String]) {
-    let conditions: Vec<_> = grant.conditions.iter().flatten().cloned().collect();
-    for condition in &conditions {
+    let conditions = &grant.conditions;
+    for condition in conditions {
         if let Test::Time(window) = &condition.test {
             if window.from >= window.until {
                 findings.error(
@@ -30,7 +30,7 @@ pub(super) fn check(findings: &mut Findings<'_>, grant: &RawGrant, integers: &[S
         }
     }
     let integers: Vec<&str> = integers.iter().map(String::as_str).collect();
-    if witness(&conditions, &integers).is_none() {
+    if witness(conditions, &integers).is_none() {
         findings.error(
             Code::ConditionUnsatisfiable,
             format!("{}/when", grant.path),

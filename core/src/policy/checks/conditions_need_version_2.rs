@@ -7,7 +7,7 @@ use crate::policy::model::RawGrant;
 use crate::policy::Code;
 
 pub(super) fn check(findings: &mut Findings<'_>, version: i128, grant: &RawGrant) {
-    if version < 2 && !grant.conditions.is_empty() {
+    if version < 2 && (!grant.conditions.is_empty() || !grant.unreadable.is_empty()) {
         findings.error(
             Code::ConditionsNeedVersion2,
             format!("{}/when", grant.path),

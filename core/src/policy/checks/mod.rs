@@ -130,7 +130,7 @@ pub(crate) fn run(declared: &Declared, catalog: Option<&Catalog>, findings: &mut
         unknown_account_in_grant::check(findings, declared, grant);
         // 10b (ours, 0034). Its conditions: the version, each zone, each argument against
         // the tools' schemas and the other conditions, then whether any call meets them.
-        if grant.conditions.is_empty() {
+        if grant.conditions.is_empty() && grant.unreadable.is_empty() {
             continue;
         }
         conditions_need_version_2::check(findings, declared.version, grant);
@@ -138,8 +138,7 @@ pub(crate) fn run(declared: &Declared, catalog: Option<&Catalog>, findings: &mut
         let schemas = argument_not_in_schema::schemas(declared, catalog, grant);
         let absent = argument_not_in_schema::check(findings, &schemas, grant);
         let integers = condition_type_mismatch::check(findings, &schemas, grant);
-        if let (false, Some(integers), true) = (absent, integers, grant.conditions.iter().all(Result::is_ok))
-        {
+        if let (false, Some(integers), true) = (absent, integers, grant.unreadable.is_empty()) {
             condition_unsatisfiable::check(findings, grant, &integers);
         }
     }

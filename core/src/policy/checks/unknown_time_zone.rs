@@ -6,10 +6,7 @@ use crate::policy::model::{RawGrant, Unreadable};
 use crate::policy::Code;
 
 pub(super) fn check(findings: &mut Findings<'_>, grant: &RawGrant) {
-    for condition in &grant.conditions {
-        let Err(Unreadable::UnknownZone { path, zone }) = condition else {
-            continue;
-        };
+    for Unreadable::UnknownZone { path, zone } in &grant.unreadable {
         findings.error(
             Code::UnknownTimeZone,
             path.clone(),
