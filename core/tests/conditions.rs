@@ -23,11 +23,10 @@ use proptest::prelude::*;
 use serde_json::{Map, Value};
 
 fn refunds() -> CompiledPolicy {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/");
-    let catalog_text = std::fs::read(format!("{root}refunds.catalog.yaml")).expect("the example catalog");
-    let catalog = load_catalog(&catalog_text).expect("the example catalog loads");
-    let artifact = std::fs::read(format!("{root}refunds.yaml")).expect("the example");
-    let compiled = compile(&artifact, Some(&catalog));
+    let catalog = load_catalog(include_bytes!("../../examples/refunds.catalog.yaml"))
+        .expect("the example catalog loads");
+    let artifact = include_bytes!("../../examples/refunds.yaml");
+    let compiled = compile(artifact, Some(&catalog));
     assert!(compiled.diagnostics.is_empty(), "{:?}", compiled.diagnostics);
     compiled.policy.expect("it compiles")
 }
@@ -210,10 +209,13 @@ const INSTANTS: [Instant; 4] = [
     MONDAY_MORNING + 4 * 3_600_000,
 ];
 
+/// A drawn grant: team selector (or none), capabilities (indices), account, ceiling (index),
+/// conditions (indices into `POOL`).
+type DrawnGrant = (Option<usize>, Vec<usize>, usize, Option<usize>, Vec<usize>);
+
 #[derive(Debug, Clone)]
 struct Drawn {
-    /// Per grant: team selector (or none), capabilities (indices), account, ceiling, conditions.
-    grants: Vec<(Option<usize>, Vec<usize>, usize, Option<usize>, Vec<usize>)>,
+    grants: Vec<DrawnGrant>,
 }
 
 const TEAMS: [&str; 2] = ["support", "finance"];
