@@ -4,10 +4,14 @@
 //!
 //! Ours differs from upstream on purpose: pointers are not compared (a
 //! reorder is not a change) and ceilings are, as (`calls`, `window_ms`).
+//!
+//! Conditions are not consulted (as for a listing: what a call would pass is not known,
+//! and the instant is no instant of any call), so a grant whose `when` changed changes no
+//! decision here; the CLI compares conditions grant against grant.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{evaluate, is_looser, Decision, Limits, ReasonCode, Ruleset, Usage};
+use super::{is_looser, Decision, Limits, Prepared, ReasonCode, Ruleset, Usage};
 use crate::principals::Principal;
 
 /// What a decision amounts to, for comparison.
@@ -132,23 +136,24 @@ pub fn effective_diff(before: Side<'_>, after: Side<'_>) -> Vec<Change> {
         .iter()
         .flat_map(|side| side.ruleset.capabilities().iter().map(|c| c.id.as_str()))
         .collect();
-    let summary = |side: Side<'_>, principal: &Principal, capability: &str| {
-        side.ruleset.capability(capability).map(|_| {
-            Summary::of(&evaluate(
-                side.ruleset,
-                principal,
-                capability,
-                0,
-                Usage::NotConsulted,
-            ))
-        })
+    // Ceilings and conditions not consulted: a decision on who may use what, whatever the
+    // call's usage, arguments and instant (a listing's decision).
+    let summary = |prepared: &Prepared<'_>, capability: &str| {
+        let ruleset = prepared.ruleset();
+        ruleset
+            .capability(capability)
+            .map(|(index, _)| Summary::of(&prepared.decide_at(index, 0, Usage::NotConsulted)))
     };
     // `representatives` yields (issuer, sorted attributes) order already.
     let mut changes = Vec::new();
     for principal in representatives(&[before, after]) {
+        let (earlier, later) = (
+            before.ruleset.prepare(&principal),
+            after.ruleset.prepare(&principal),
+        );
         for &capability in &capabilities {
-            let left = summary(before, &principal, capability);
-            let right = summary(after, &principal, capability);
+            let left = summary(&earlier, capability);
+            let right = summary(&later, capability);
             if left.as_ref().map(Summary::key) == right.as_ref().map(Summary::key) {
                 continue;
             }
@@ -169,4 +174,64 @@ pub fn effective_diff(before: Side<'_>, after: Side<'_>) -> Vec<Change> {
         }
     }
     changes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::compile;
+
+    fn ruleset(when: &str) -> Ruleset {
+        let text = format!(
+            "version: 2
+capabilities:
+  - id: billing.refund.create
+upstreams:
+  - id: payments
+    transport: {{ kind: mcp-http, url: https://payments.example.net/mcp }}
+    tools:
+      - name: create_refund
+        capability: billing.refund.create
+accounts:
+  - id: support-payments
+    secret: {{ ref: \"env://SUPPORT\" }}
+principals:
+  issuers:
+    - id: staff
+      kind: static-key
+      attributes: {{ dept: support }}
+grants:
+  - to: {{ issuer: staff }}
+    capabilities: [billing.refund.create]
+    using: support-payments
+{when}"
+        );
+        let compiled = compile(text.as_bytes(), None);
+        let diagnostics: Vec<&str> = compiled.diagnostics.iter().map(|d| d.message.as_str()).collect();
+        compiled.policy.expect(&diagnostics.join("; ")).ruleset
+    }
+
+    #[test]
+    fn conditions_change_no_decision_the_diff_compares() {
+        // An argument no call is known to pass, and a window the epoch (a Thursday, 00:00
+        // UTC) is outside of: neither may turn the unconditional allow into a denial.
+        let conditional = ruleset(
+            "    when:
+      - argument: amount
+        at_most: 100
+      - time: { zone: UTC, days: [mon], from: \"09:00\", until: \"10:00\" }
+",
+        );
+        let unconditional = ruleset("");
+        let issuers = ["staff".to_owned()];
+        let side = |ruleset| Side {
+            ruleset,
+            issuers: &issuers,
+        };
+        assert_eq!(
+            effective_diff(side(&unconditional), side(&conditional)),
+            [],
+            "conditions are not consulted"
+        );
+    }
 }
