@@ -28,6 +28,11 @@ fn example(name: &str) -> PathBuf {
 }
 
 fn serve() -> Serve {
+    serve_example("policy.yaml", "catalog.yaml")
+}
+
+/// `capgate serve` on one of the examples, with its catalog.
+fn serve_example(policy: &str, catalog: &str) -> Serve {
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -38,9 +43,9 @@ fn serve() -> Serve {
     let child = Command::new(BIN)
         .current_dir(&dir)
         .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--policy"])
-        .arg(example("policy.yaml"))
+        .arg(example(policy))
         .arg("--catalog")
-        .arg(example("catalog.yaml"))
+        .arg(example(catalog))
         .env_remove("CAPGATE_DATABASE_URL")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -155,4 +160,82 @@ fn an_unreachable_server_is_an_input_error() {
         .unwrap();
     assert_eq!(output.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&output.stderr).contains("cannot reach"));
+}
+
+/// An engineer asking to approve a release, on the refunds example, with `extra` flags.
+fn approve_release<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "--issuer",
+        "staff",
+        "--subject",
+        "eng",
+        "--attr",
+        "dept=engineering",
+        "--tool",
+        "ci__approve_release",
+    ];
+    args.extend(extra);
+    args
+}
+
+#[test]
+fn decide_sends_the_calls_arguments_for_the_grants_conditions() {
+    let server = serve_example("refunds.yaml", "refunds.catalog.yaml");
+    let allowed = first_answer(
+        &server,
+        &approve_release(&["--arg", "environment=staging", "--arg", "release=v1.4.0"]),
+    );
+    assert!(allowed.contains("ALLOWED"), "{allowed}");
+    assert!(allowed.contains("release-robot"), "{allowed}");
+
+    let denied = decide(
+        &server,
+        &approve_release(&[
+            "--args-json",
+            r#"{"environment": "production", "release": "v1.4.0"}"#,
+            "--json",
+        ]),
+    );
+    assert!(
+        denied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&denied.stderr)
+    );
+    let value: serde_json::Value = serde_json::from_slice(&denied.stdout).unwrap();
+    let reason = &value["result"]["decision"]["reason"];
+    assert_eq!(reason["code"], "condition_failed", "{value}");
+    assert_eq!(reason["path"], "/grants/2/when/0");
+    assert_eq!(reason["position"], serde_json::json!({"line": 74, "column": 9}));
+
+    // No arguments sent: the condition cannot be checked.
+    let missing = decide(&server, &approve_release(&["--json"]));
+    let value: serde_json::Value = serde_json::from_slice(&missing.stdout).unwrap();
+    assert_eq!(
+        value["result"]["decision"]["reason"]["code"], "arguments_missing",
+        "{value}"
+    );
+}
+
+#[test]
+fn malformed_arguments_are_refused_before_any_server_is_called() {
+    // Nothing listens there: a usage error must come first.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for (bad, says) in [
+        (["--args-json", "[1]"], "`--args-json` must be a JSON object"),
+        (["--args-json", "{"], "`--args-json` is not JSON"),
+        (["--arg", "environment"], "--arg <PATH=VALUE>"),
+    ] {
+        let output = Command::new(BIN)
+            .args(["decide", "--server", &format!("http://127.0.0.1:{port}")])
+            .args(approve_release(&bad))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{bad:?}: {stderr}");
+        assert!(stderr.contains(says), "{bad:?}: {stderr}");
+    }
 }

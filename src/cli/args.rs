@@ -1,9 +1,12 @@
 //! Arguments shared by several subcommands and the parsers for the values the
-//! spec constrains (`--attr`, `--at`, `--usage`, `--window-start`). A value
+//! spec constrains (`--attr`, `--at`, `--usage`, `--window-start`, `--arg`). A value
 //! that does not parse is a clap error, hence a usage error (exit 2) printed
-//! in the one shape every usage error has.
+//! in the one shape every usage error has; `--args-json`, which may name a file, is
+//! read after parsing, its errors usage errors too (a file that cannot be read: exit 3).
 
 use std::path::PathBuf;
+
+use serde_json::{Map, Value};
 
 use crate::identity::{self, jwt, KeyedIssuer, Presented, StaticKeys};
 use capgate_core::access::Instant;
@@ -178,6 +181,123 @@ pub fn parse_attr(text: &str) -> Result<Attr, String> {
     })
 }
 
+/// The tool call's arguments, for `explain` and `decide`: what a grant's conditions read.
+#[derive(Debug, clap::Args)]
+pub struct CallArguments {
+    /// An argument of the call, `PATH=VALUE` (repeatable): VALUE is read as JSON when it parses
+    /// (`amount=50` is a number, `flag=true` a boolean), else taken as a string (`currency=EUR`); a
+    /// dotted PATH nests (`order.total=10`). Applied in order over `--args-json`: the last wins.
+    #[arg(long = "arg", value_name = "PATH=VALUE", value_parser = parse_call_arg)]
+    pub args: Vec<CallArg>,
+    /// The call's arguments as one JSON object, or `@FILE` to read it from FILE. Without this and
+    /// `--arg`, the arguments are not given: a condition on one is `arguments_missing`.
+    #[arg(long, value_name = "OBJECT|@FILE")]
+    pub args_json: Option<String>,
+}
+
+impl CallArguments {
+    /// The arguments object, `None` when neither flag is given. `--args-json` that is not JSON
+    /// or not an object is a usage error naming the flag; a file it names that cannot be read
+    /// is an input error.
+    pub fn resolve(&self) -> Result<Option<Map<String, Value>>, Failure> {
+        let mut arguments = match &self.args_json {
+            None if self.args.is_empty() => return Ok(None),
+            None => Map::new(),
+            Some(text) => object_from(text)?,
+        };
+        for CallArg { path, value } in &self.args {
+            set(&mut arguments, path, value.clone());
+        }
+        Ok(Some(arguments))
+    }
+}
+
+/// `--args-json`'s object, from the text or from `@FILE`.
+fn object_from(text: &str) -> Result<Map<String, Value>, Failure> {
+    let (read, origin) = match text.strip_prefix('@') {
+        Some(path) => {
+            let bytes = std::fs::read(path).map_err(|error| {
+                Failure::Input(format!(
+                    "`--args-json`: cannot read `{path}`: {}",
+                    super::input::describe(&error)
+                ))
+            })?;
+            (
+                String::from_utf8_lossy(&bytes).into_owned(),
+                format!(" (in `{path}`)"),
+            )
+        }
+        None => (text.to_owned(), String::new()),
+    };
+    match serde_json::from_str::<Value>(&read) {
+        Ok(Value::Object(object)) => Ok(object),
+        Ok(other) => Err(Failure::Usage(format!(
+            "`--args-json` must be a JSON object{origin}, not {}",
+            kind_of(&other)
+        ))),
+        Err(error) => Err(Failure::Usage(format!(
+            "`--args-json` is not JSON{origin}: {error}"
+        ))),
+    }
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Sets `value` at `path`, making objects of what lies in the way.
+fn set(arguments: &mut Map<String, Value>, path: &[String], value: Value) {
+    let Some((last, parents)) = path.split_last() else {
+        return;
+    };
+    let mut at = arguments;
+    for segment in parents {
+        let entry = at
+            .entry(segment.clone())
+            .or_insert_with(|| Value::Object(Map::new()));
+        if !entry.is_object() {
+            *entry = Value::Object(Map::new());
+        }
+        let Value::Object(members) = entry else {
+            return;
+        };
+        at = members;
+    }
+    at.insert(last.clone(), value);
+}
+
+/// One `--arg PATH=VALUE`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallArg {
+    /// The member names, outermost first.
+    pub path: Vec<String>,
+    pub value: Value,
+}
+
+/// Splits at the first `=`; the path is dotted member names, none empty; the value is JSON
+/// if it parses as JSON, else the text itself.
+pub fn parse_call_arg(text: &str) -> Result<CallArg, String> {
+    let Some((path, value)) = text.split_once('=') else {
+        return Err("expected `PATH=VALUE`, found no `=`".to_owned());
+    };
+    if path.is_empty() {
+        return Err("the argument path before `=` is empty".to_owned());
+    }
+    let path: Vec<String> = path.split('.').map(str::to_owned).collect();
+    if path.iter().any(String::is_empty) {
+        return Err("the argument path has an empty member name (`..`, or a dot at an end)".to_owned());
+    }
+    let value = serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.to_owned()));
+    Ok(CallArg { path, value })
+}
+
 /// `--at` and `--window-start`.
 pub fn parse_instant(text: &str) -> Result<Instant, String> {
     clock::parse(text)
@@ -223,6 +343,57 @@ mod tests {
         assert!(parse_attr("=").is_err());
         assert!(parse_attr("dept").is_err());
         assert!(parse_attr("").is_err());
+    }
+
+    #[test]
+    fn call_arguments_are_json_values_else_strings_at_dotted_paths() {
+        let arg = |text: &str| parse_call_arg(text).map(|arg| (arg.path.join("/"), arg.value));
+        assert_eq!(arg("amount=50"), Ok(("amount".into(), serde_json::json!(50))));
+        assert_eq!(
+            arg("currency=EUR"),
+            Ok(("currency".into(), serde_json::json!("EUR")))
+        );
+        assert_eq!(arg("flag=true"), Ok(("flag".into(), serde_json::json!(true))));
+        assert_eq!(arg("id=\"50\""), Ok(("id".into(), serde_json::json!("50"))));
+        assert_eq!(arg("note="), Ok(("note".into(), serde_json::json!(""))));
+        assert_eq!(arg("a=b=c"), Ok(("a".into(), serde_json::json!("b=c"))));
+        assert_eq!(
+            arg("order.total=1.5"),
+            Ok(("order/total".into(), serde_json::json!(1.5)))
+        );
+        for bad in ["amount", "=1", "a..b=1", ".a=1", "a.=1"] {
+            assert!(parse_call_arg(bad).is_err(), "{bad:?} should be refused");
+        }
+    }
+
+    #[test]
+    fn args_json_and_args_merge_with_the_args_winning() {
+        let given = |json: Option<&str>, args: &[&str]| CallArguments {
+            args: args.iter().map(|text| parse_call_arg(text).unwrap()).collect(),
+            args_json: json.map(str::to_owned),
+        };
+        assert_eq!(given(None, &[]).resolve(), Ok(None));
+        let merged = given(
+            Some(r#"{"amount": 500, "currency": "EUR", "order": {"id": "o-1"}}"#),
+            &["amount=50", "order.total=10", "order.id.x=1"],
+        )
+        .resolve();
+        assert_eq!(
+            merged.map(|m| m.map(Value::Object)),
+            Ok(Some(serde_json::json!({
+                "amount": 50, "currency": "EUR", "order": {"id": {"x": 1}, "total": 10}
+            })))
+        );
+        for (bad, says) in [
+            ("[1]", "`--args-json` must be a JSON object, not an array"),
+            ("{\"a\": ", "`--args-json` is not JSON: "),
+            ("EUR", "`--args-json` is not JSON: "),
+        ] {
+            match given(Some(bad), &[]).resolve() {
+                Err(Failure::Usage(message)) => assert!(message.starts_with(says), "{message}"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! `Decide` for one principal and one tool or capability — and print the
 //! answer with its reason. The way to try a deployment without writing a
 //! gateway; unlike `explain`, the server's counters are consumed and the
-//! decision is audited.
+//! decision is audited. `--arg` and `--args-json` are the call's arguments, sent
+//! as `arguments_json` for the grants' conditions to read.
 
 use std::fmt::Write as _;
 
@@ -18,7 +19,7 @@ use crate::wire::proto::{
 use capgate_core::access::ReasonCode;
 use capgate_core::principals::AuthProblem;
 
-use super::args::{Asserted, Attr};
+use super::args::{Asserted, Attr, CallArguments};
 use super::remote::{runtime, status_failure, Server};
 use super::{Exit, Failure, Outcome};
 use crate::clock;
@@ -37,6 +38,8 @@ pub struct Args {
     /// An exposed tool name (`<upstream>__<name>`).
     #[arg(long, value_name = "EXPOSED")]
     pub tool: Option<String>,
+    #[command(flatten)]
+    pub arguments: CallArguments,
     /// An idempotency key: the same key returns the first answer again.
     #[arg(long, value_name = "ID", default_value = "", hide_default_value = true)]
     pub request_id: String,
@@ -48,6 +51,29 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<Outcome, Failure> {
+    let request = request(args)?;
+    let response = runtime()?.block_on(async {
+        let connection = args.server.connect().await?;
+        let mut client = DecisionServiceClient::new(connection.channel.clone());
+        client
+            .decide(connection.request(request))
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|status| status_failure(&status))
+    })?;
+    let stdout = if args.json {
+        let mut text = serde_json::to_string_pretty(&to_json(&response)).unwrap_or_default();
+        text.push('\n');
+        text
+    } else {
+        human(&response)
+    };
+    Ok(Outcome::stdout(stdout, Exit::Done))
+}
+
+/// The request a gateway would send; the arguments are checked before any server is called.
+fn request(args: &Args) -> Result<DecideRequest, Failure> {
+    let arguments = args.arguments.resolve()?;
     let who = &args.principal;
     let hint = who.issuer.clone().unwrap_or_default();
     let credential = |kind| {
@@ -77,25 +103,9 @@ pub fn run(args: &Args) -> Result<Outcome, Failure> {
             (None, None) => None,
         },
         request_id: args.request_id.clone(),
-        arguments_json: None,
+        arguments_json: arguments.map(|arguments| Value::Object(arguments).to_string()),
     };
-    let response = runtime()?.block_on(async {
-        let connection = args.server.connect().await?;
-        let mut client = DecisionServiceClient::new(connection.channel.clone());
-        client
-            .decide(connection.request(request))
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|status| status_failure(&status))
-    })?;
-    let stdout = if args.json {
-        let mut text = serde_json::to_string_pretty(&to_json(&response)).unwrap_or_default();
-        text.push('\n');
-        text
-    } else {
-        human(&response)
-    };
-    Ok(Outcome::stdout(stdout, Exit::Done))
+    Ok(request)
 }
 
 /// `--attr` pairs grouped by name, values in the order given.
@@ -360,6 +370,42 @@ mod tests {
         assert_eq!(grouped.len(), 2);
         assert_eq!(grouped[0].values, ["a", "b"]);
         assert_eq!(grouped[1].values, ["x"]);
+    }
+
+    /// `decide`'s arguments as the command line gives them.
+    #[derive(Debug, clap::Parser)]
+    struct Line {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn request_of(extra: &[&str]) -> Result<DecideRequest, Failure> {
+        use clap::Parser;
+        let mut words = vec!["decide", "--server", "http://127.0.0.1:1", "--issuer", "staff"];
+        words.extend(["--subject", "a", "--capability", "billing.refund.create"]);
+        words.extend(extra);
+        request(&Line::try_parse_from(words).expect("parses").args)
+    }
+
+    #[test]
+    fn the_arguments_are_sent_as_one_json_object() {
+        let sent = request_of(&[
+            "--args-json",
+            r#"{"amount": 500, "currency": "EUR"}"#,
+            "--arg",
+            "amount=50",
+        ])
+        .expect("a request")
+        .arguments_json
+        .expect("arguments sent");
+        let sent: Value = serde_json::from_str(&sent).expect("JSON text");
+        assert_eq!(sent, json!({"amount": 50, "currency": "EUR"}));
+        let none = request_of(&[]).expect("a request");
+        assert_eq!(none.arguments_json, None, "no flag: the arguments are not given");
+        assert!(matches!(
+            request_of(&["--args-json", "[]"]),
+            Err(Failure::Usage(message)) if message.contains("`--args-json`")
+        ));
     }
 
     #[test]

@@ -3,19 +3,23 @@
 //! with its reason and the site in the artifact to change.
 //!
 //! `--at`, `--usage` and `--window-start` make time and usage explicit data,
-//! exactly as the service hands them to the pure evaluation.
+//! exactly as the service hands them to the pure evaluation; `--arg` and
+//! `--args-json` give the call's arguments, which grants' conditions read. The
+//! conditions of the grants that match are shown each with how it came out.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
-use capgate_core::access::{evaluate, Decision, Instant, Usage};
+use capgate_core::access::{
+    evaluate_call, Condition, Decision, Grant, Instant, Outcome as Held, ReasonCode, Ruleset, Usage,
+};
 use capgate_core::capabilities::ToolDescriptor;
 use capgate_core::policy::{CompiledPolicy, Document};
-use capgate_core::principals::{AuthProblem, Resolution};
+use capgate_core::principals::{AuthProblem, Principal, Resolution};
 
-use super::args::{parse_instant, parse_usage, Asserted, Common, LocalKeys, UsageArg};
+use super::args::{parse_instant, parse_usage, Asserted, CallArguments, Common, LocalKeys, UsageArg};
 use super::input::{Inputs, Loaded};
 use super::{json, render, validate, Exit, Failure, Outcome};
 use crate::clock;
@@ -46,6 +50,8 @@ pub struct Args {
     #[arg(long, value_name = "T", value_parser = parse_instant)]
     pub window_start: Option<Instant>,
     #[command(flatten)]
+    pub arguments: CallArguments,
+    #[command(flatten)]
     pub common: Common,
 }
 
@@ -71,6 +77,8 @@ impl Args {
 struct Explanation<'a> {
     at: Instant,
     usage: Usage,
+    /// `None`: not given.
+    arguments: Option<&'a Map<String, Value>>,
     resolution: Result<Resolution, AuthProblem>,
     capability: Option<&'a str>,
     /// `--tool` as given, whether or not it resolved.
@@ -80,12 +88,69 @@ struct Explanation<'a> {
     /// For an unknown tool, the exposed name it most likely meant.
     suggestion: Option<&'a str>,
     decision: Option<Decision<'a>>,
+    /// The matching grants' conditions, when the decision got to them.
+    conditions: Vec<Checked<'a>>,
     tools: Vec<&'a ToolDescriptor>,
+}
+
+/// A grant that matches the principal and names the capability, with each of its
+/// conditions as it came out for the call.
+pub(super) struct Checked<'p> {
+    pub grant: &'p Grant,
+    pub outcomes: Vec<(&'p Condition, Held)>,
+}
+
+impl Checked<'_> {
+    /// All its conditions held: the grant applies to the call.
+    pub fn applies(&self) -> bool {
+        self.outcomes.iter().all(|(_, held)| *held == Held::Holds)
+    }
+}
+
+/// The conditions a decision consulted (step 6, docs/reference.md#the-steps): of every
+/// grant that matches the principal and names the capability and has conditions, each
+/// checked against the call, in file order. None when the decision ended before step 6
+/// (nothing matches, the capability is not declared or realised, the account is disabled).
+pub(super) fn checked_conditions<'p>(
+    ruleset: &'p Ruleset,
+    principal: &Principal,
+    capability: &str,
+    decision: &Decision<'_>,
+    arguments: Option<&Map<String, Value>>,
+    at: Instant,
+) -> Vec<Checked<'p>> {
+    let consulted = match decision {
+        Decision::Allow(_) => true,
+        Decision::Deny(reason) => matches!(
+            reason.code,
+            ReasonCode::ConditionFailed
+                | ReasonCode::ArgumentsMissing
+                | ReasonCode::LimitExhausted
+                | ReasonCode::UsageUnknown
+        ),
+    };
+    if !consulted {
+        return Vec::new();
+    }
+    ruleset
+        .grants()
+        .iter()
+        .filter(|grant| !grant.conditions.is_empty() && grant.matches(principal) && grant.names(capability))
+        .map(|grant| Checked {
+            grant,
+            outcomes: grant
+                .conditions
+                .iter()
+                .map(|condition| (condition, condition.check(arguments, at)))
+                .collect(),
+        })
+        .collect()
 }
 
 pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
     let at = args.at.unwrap_or_else(clock::now);
     let usage = args.usage(at)?;
+    let arguments = args.arguments.resolve()?;
     let source = inputs.policy(&args.policy)?;
     let catalog = inputs.catalog(args.common.catalog.as_deref())?;
     let loaded = Loaded::compile(source, catalog.as_ref());
@@ -96,7 +161,7 @@ pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
         ));
     };
     let resolution = args.principal.resolve(policy, at, &args.keys)?;
-    let explanation = explain(args, policy, at, usage, resolution);
+    let explanation = explain(args, policy, at, usage, arguments.as_ref(), resolution);
     let document = loaded.compilation.document.as_ref();
     let stdout = if args.common.json {
         super::to_json(&to_json(&loaded, document, &explanation))
@@ -111,6 +176,7 @@ fn explain<'a>(
     policy: &'a CompiledPolicy,
     at: Instant,
     usage: Usage,
+    arguments: Option<&'a Map<String, Value>>,
     resolution: Result<Resolution, AuthProblem>,
 ) -> Explanation<'a> {
     let asked_tool = args.tool.as_deref();
@@ -129,14 +195,26 @@ fn explain<'a>(
         .filter(|_| unknown_tool)
         .and_then(|asked| policy.tools.closest(asked));
     let decision = match (&resolution, capability) {
-        (Ok(resolution), Some(capability)) => Some(evaluate(
+        (Ok(resolution), Some(capability)) => Some(evaluate_call(
             &policy.ruleset,
             &resolution.principal,
             capability,
             at,
             usage,
+            arguments,
         )),
         _ => None,
+    };
+    let conditions = match (&resolution, capability, &decision) {
+        (Ok(resolution), Some(capability), Some(decision)) => checked_conditions(
+            &policy.ruleset,
+            &resolution.principal,
+            capability,
+            decision,
+            arguments,
+            at,
+        ),
+        _ => Vec::new(),
     };
     let tools = match (&decision, capability) {
         (Some(Decision::Allow(_)), Some(capability)) => policy
@@ -148,6 +226,7 @@ fn explain<'a>(
     Explanation {
         at,
         usage,
+        arguments,
         resolution,
         capability,
         asked_tool,
@@ -155,14 +234,16 @@ fn explain<'a>(
         unknown_tool,
         suggestion,
         decision,
+        conditions,
         tools,
     }
 }
 
-fn to_json(loaded: &Loaded, document: Option<&Document>, explanation: &Explanation<'_>) -> Value {
+fn to_json(loaded: &Loaded, document_of: Option<&Document>, explanation: &Explanation<'_>) -> Value {
     let Explanation {
         at,
         usage,
+        arguments,
         resolution,
         capability,
         asked_tool: _,
@@ -170,6 +251,7 @@ fn to_json(loaded: &Loaded, document: Option<&Document>, explanation: &Explanati
         unknown_tool,
         suggestion,
         decision,
+        conditions,
         tools,
     } = explanation;
     let (principal, discarded, problem) = match resolution {
@@ -180,13 +262,14 @@ fn to_json(loaded: &Loaded, document: Option<&Document>, explanation: &Explanati
         "policy": json::policy(&loaded.source, &loaded.compilation.version),
         "at": clock::format(*at),
         "usage": json::usage(*usage),
+        "arguments": arguments.map_or(Value::Null, |arguments| Value::Object(arguments.clone())),
         "principal": principal,
         "discarded": discarded,
         "problem": json::problem(problem),
         "capability": capability,
         "tool": tool.map_or(Value::Null, json::tool_ref),
         "unknown_tool": unknown_tool,
-        "decision": decision.as_ref().map_or(Value::Null, |decision| json::decision(decision, document)),
+        "decision": decision.as_ref().map_or(Value::Null, |decision| json::decision(decision, document_of)),
     });
     // Optional members that do not apply are absent (cli.md): the tool an unknown one most likely
     // meant, when there is one; the realising tools on an allow only.
@@ -196,7 +279,33 @@ fn to_json(loaded: &Loaded, document: Option<&Document>, explanation: &Explanati
     if decision.as_ref().is_some_and(Decision::is_allow) {
         document["tools"] = json!(tools.iter().map(|tool| json::tool_ref(tool)).collect::<Vec<_>>());
     }
+    // The matching grants' conditions, when the decision consulted some.
+    if !conditions.is_empty() {
+        document["conditions"] = json!(conditions
+            .iter()
+            .map(|checked| checked_json(checked, document_of))
+            .collect::<Vec<_>>());
+    }
     document
+}
+
+/// `{"grant", "position", "applies", "conditions": [condition + "outcome"]}`.
+pub(super) fn checked_json(checked: &Checked<'_>, document: Option<&Document>) -> Value {
+    let path = &checked.grant.path;
+    json!({
+        "grant": path,
+        "position": json::position_of(document, path),
+        "applies": checked.applies(),
+        "conditions": checked
+            .outcomes
+            .iter()
+            .map(|(condition, held)| {
+                let mut value = json::condition(condition, document);
+                value["outcome"] = json!(json::outcome(*held));
+                value
+            })
+            .collect::<Vec<_>>(),
+    })
 }
 
 fn human(loaded: &Loaded, document: Option<&Document>, explanation: &Explanation<'_>) -> String {
@@ -205,6 +314,7 @@ fn human(loaded: &Loaded, document: Option<&Document>, explanation: &Explanation
     let Explanation {
         at,
         usage,
+        arguments,
         resolution,
         capability,
         asked_tool,
@@ -212,6 +322,7 @@ fn human(loaded: &Loaded, document: Option<&Document>, explanation: &Explanation
         unknown_tool,
         suggestion,
         decision,
+        conditions,
         tools,
     } = explanation;
     render::principal(
@@ -232,6 +343,9 @@ fn human(loaded: &Loaded, document: Option<&Document>, explanation: &Explanation
     }
     let _ = writeln!(out, "at         {}", clock::format(*at));
     let _ = writeln!(out, "usage      {}", usage_text(*usage));
+    if let Some(arguments) = arguments {
+        let _ = writeln!(out, "arguments  {}", Value::Object((*arguments).clone()));
+    }
     out.push('\n');
     if *unknown_tool {
         let _ = writeln!(out, "UNKNOWN TOOL");
@@ -269,8 +383,58 @@ fn human(loaded: &Loaded, document: Option<&Document>, explanation: &Explanation
         } else {
             let _ = writeln!(out, "  tools     {}", names.join(", "));
         }
+        if allow.conditional {
+            let _ = writeln!(
+                out,
+                "  conditional  yes: every grant that applies has conditions, and this call meets them"
+            );
+        }
+    }
+    if !conditions.is_empty() {
+        out.push('\n');
+        human_conditions(&mut out, origin, document, conditions);
     }
     out
+}
+
+/// Each matching grant's conditions and how each came out, with its site.
+pub(super) fn human_conditions(
+    out: &mut String,
+    origin: &str,
+    document: Option<&Document>,
+    conditions: &[Checked<'_>],
+) {
+    let _ = writeln!(out, "conditions");
+    let width = conditions
+        .iter()
+        .flat_map(|checked| &checked.outcomes)
+        .map(|(condition, _)| condition.test.written().chars().count())
+        .max()
+        .unwrap_or(0);
+    for checked in conditions {
+        let path = &checked.grant.path;
+        let position = document.and_then(|document| document.resolve(path));
+        let verdict = if checked.applies() {
+            "applies"
+        } else {
+            "does not apply"
+        };
+        let _ = writeln!(
+            out,
+            "  grant {}  ({verdict})",
+            render::site(origin, position, path)
+        );
+        for (condition, held) in &checked.outcomes {
+            let position = document.and_then(|document| document.resolve(&condition.path));
+            let _ = writeln!(
+                out,
+                "    {:<7}  {:width$}  {}",
+                json::outcome(*held),
+                condition.test.written(),
+                render::site(origin, position, &condition.path)
+            );
+        }
+    }
 }
 
 fn usage_text(usage: Usage) -> String {

@@ -9,7 +9,7 @@
 
 use serde_json::{json, Map, Value};
 
-use capgate_core::access::{Allow, Decision, Limits, Reason, Summary, Usage};
+use capgate_core::access::{Allow, Condition, Decision, Limits, Outcome, Reason, Summary, Usage};
 use capgate_core::accounts::AccountRef;
 use capgate_core::capabilities::ToolDescriptor;
 use capgate_core::policy::{Diagnostic, Document, Position, Related};
@@ -173,8 +173,8 @@ pub fn usage(usage: Usage) -> Value {
     }
 }
 
-/// `{"outcome", "reason", "account"?, "limits"?}`: account and limits exist on
-/// an allow only, and there `limits` is `null` for "no ceiling declared".
+/// `{"outcome", "reason", "account"?, "limits"?, "conditional"?}`: account, limits and
+/// conditional exist on an allow only, and there `limits` is `null` for "no ceiling declared".
 pub fn decision(decision: &Decision<'_>, document: Option<&Document>) -> Value {
     match decision {
         Decision::Allow(Allow {
@@ -182,17 +182,41 @@ pub fn decision(decision: &Decision<'_>, document: Option<&Document>) -> Value {
             account: granted,
             limits: ceiling_of,
             grant: _,
-            conditional: _,
+            conditional,
         }) => json!({
             "outcome": "allow",
             "reason": self::reason(reason, document),
             "account": account(granted),
             "limits": ceiling(*ceiling_of),
+            "conditional": conditional,
         }),
         Decision::Deny(reason) => json!({
             "outcome": "deny",
             "reason": self::reason(reason, document),
         }),
+    }
+}
+
+/// `condition = {"path", "position", "subject", "condition"}`: a grant's condition, its
+/// pointer and where that is, what it is about (an argument's path as written, or `time`)
+/// and the condition in one line (`amount at_most 100`).
+pub fn condition(condition: &Condition, document: Option<&Document>) -> Value {
+    let Condition { path, test } = condition;
+    json!({
+        "path": path,
+        "position": position_of(document, path),
+        "subject": test.subject(),
+        "condition": test.written(),
+    })
+}
+
+/// How a condition came out for a call: `held`, `failed` or `missing` (the argument it
+/// reads was not given).
+pub fn outcome(outcome: Outcome) -> &'static str {
+    match outcome {
+        Outcome::Holds => "held",
+        Outcome::Fails => "failed",
+        Outcome::Missing => "missing",
     }
 }
 
