@@ -2,7 +2,9 @@
 //! evaluation per declared capability with usage not consulted, and the
 //! catalog tools that realise what is allowed (docs/reference.md#listings).
 //!
-//! No `--at`: ceilings are not consulted in a listing, so time cannot matter.
+//! No `--at`: ceilings are not consulted in a listing, so time cannot matter. Nor are
+//! conditions: a capability whose every grant is conditional is listed, marked
+//! `conditional` (a call may still be denied on its arguments or time).
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -106,13 +108,14 @@ fn visible_capability(visible: &VisibleCapability<'_>) -> Value {
         account,
         limits,
         path,
-        conditional: _,
+        conditional,
     } = visible;
     json!({
         "capability": capability.id,
         "account": json::account(account),
         "limits": json::ceiling(*limits),
         "path": path,
+        "conditional": conditional,
     })
 }
 
@@ -144,7 +147,15 @@ fn human(loaded: &Loaded, listing: &Listing<'_>) -> String {
     let _ = writeln!(out, "capabilities ({})", capabilities.len());
     for visible in capabilities {
         let position = document.and_then(|document| document.resolve(visible.path));
-        let _ = writeln!(out, "  {}", visible.capability.id);
+        if visible.conditional {
+            let _ = writeln!(
+                out,
+                "  {}  (conditional: a call may be denied on its arguments or time)",
+                visible.capability.id
+            );
+        } else {
+            let _ = writeln!(out, "  {}", visible.capability.id);
+        }
         let _ = writeln!(out, "    account   {}", visible.account.id);
         let _ = writeln!(out, "    ceiling   {}", render::ceiling(visible.limits));
         let _ = writeln!(

@@ -1,6 +1,7 @@
 //! `capgate who-can POLICY --capability C`: the reverse query ("who can issue
 //! refunds?") — every grant naming `C`, in file order, whatever its account
-//! state or ceiling, and the tools that realise `C`.
+//! state, ceiling or conditions (each shown, with where it is written), and the
+//! tools that realise `C`.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -81,7 +82,7 @@ fn grant_json(grant: &Grant, document: Option<&Document>) -> Value {
         capabilities: _,
         account,
         limits,
-        conditions: _,
+        conditions,
         path,
     } = grant;
     json!({
@@ -89,6 +90,10 @@ fn grant_json(grant: &Grant, document: Option<&Document>) -> Value {
         "attributes": json::attributes(selector.iter().map(|(name, value)| (name, value))),
         "account": json::account_state(account),
         "limits": json::ceiling(limits.as_ref()),
+        "conditions": conditions
+            .iter()
+            .map(|condition| json::condition(condition, document))
+            .collect::<Vec<_>>(),
         "path": path,
         "position": json::position_of(document, path),
     })
@@ -130,6 +135,22 @@ fn human(
         };
         let _ = writeln!(out, "    account   {}{disabled}", grant.account.id);
         let _ = writeln!(out, "    ceiling   {}", render::ceiling(grant.limits.as_ref()));
+        let width = grant
+            .conditions
+            .iter()
+            .map(|condition| condition.test.written().chars().count())
+            .max()
+            .unwrap_or(0);
+        for (n, condition) in grant.conditions.iter().enumerate() {
+            let position = document.and_then(|document| document.resolve(&condition.path));
+            let _ = writeln!(
+                out,
+                "    {:<8}  {:width$}  {}",
+                if n == 0 { "when" } else { "" },
+                condition.test.written(),
+                render::site(origin, position, &condition.path)
+            );
+        }
         let position = document.and_then(|document| document.resolve(&grant.path));
         let _ = writeln!(
             out,
