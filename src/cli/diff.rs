@@ -1,7 +1,9 @@
 //! `capgate diff BEFORE AFTER`: the effective difference — which decisions
 //! change between two versions of the artifact (cli.md, `diff`). Outcome,
 //! code, account and ceiling (as calls and window) are compared; pointers are
-//! not, so reordering grants is not a change.
+//! not, so reordering grants is not a change. Decisions do not consult
+//! conditions, so the grants whose conditions changed are reported beside them
+//! (`condition_diff`), each as widening, narrowing or changed.
 //!
 //! Both sides must compile; otherwise nothing is compared, stdout carries
 //! what `validate` prints for each failing side, and the exit code is 3.
@@ -18,6 +20,7 @@ use capgate_core::access::{effective_diff, Change, Side, Summary};
 use capgate_core::policy::CompiledPolicy;
 
 use super::args::Common;
+use super::condition_diff::{condition_changes, ConditionChange, Direction};
 use super::input::{Inputs, Loaded};
 use super::{json, render, validate, Exit, Failure, Outcome};
 
@@ -40,7 +43,8 @@ pub struct Args {
 pub enum FailOn {
     /// Any change.
     Any,
-    /// A gained decision, or a ceiling that got looser.
+    /// A gained decision, a ceiling that got looser, or a grant's conditions loosened (or
+    /// changed in a way that may loosen them).
     Widening,
 }
 
@@ -60,18 +64,27 @@ pub(super) fn compare(before: &Loaded, after: &Loaded, as_json: bool, fail_on: F
         return failing_sides(before, after, as_json);
     };
     let changes = effective_diff(side(left, &left.issuer_ids()), side(right, &right.issuer_ids()));
+    let conditions = condition_changes(&left.ruleset, &right.ruleset);
     let failing = match fail_on {
-        FailOn::Any => !changes.is_empty(),
-        FailOn::Widening => changes.iter().any(Change::is_widening),
+        FailOn::Any => !changes.is_empty() || !conditions.is_empty(),
+        FailOn::Widening => {
+            changes.iter().any(Change::is_widening) || conditions.iter().any(ConditionChange::may_widen)
+        }
     };
     let stdout = if as_json {
         super::to_json(&json!({
             "before": json::policy(&before.source, &before.compilation.version),
             "after": json::policy(&after.source, &after.compilation.version),
             "changes": changes.iter().map(change_json).collect::<Vec<_>>(),
+            "conditions": conditions
+                .iter()
+                .map(|change| condition_change_json(change, before, after))
+                .collect::<Vec<_>>(),
         }))
     } else {
-        human(&changes)
+        let mut text = human(&changes);
+        text.push_str(&human_conditions(&conditions, before, after));
+        text
     };
     Outcome::stdout(stdout, if failing { Exit::Findings } else { Exit::Done })
 }
@@ -137,6 +150,95 @@ pub(super) fn change_json(change: &Change) -> Value {
         "before": before.as_ref().map_or(Value::Null, json::summary),
         "after": after.as_ref().map_or(Value::Null, json::summary),
     })
+}
+
+/// `{"kind", "issuer", "attributes", "capabilities", "account", "before", "after"}`, each side
+/// `{"path", "position", "conditions": [condition]}`.
+fn condition_change_json(change: &ConditionChange, before: &Loaded, after: &Loaded) -> Value {
+    let ConditionChange {
+        issuer,
+        attributes,
+        capabilities,
+        account,
+        before_path,
+        after_path,
+        before: earlier,
+        after: later,
+        direction,
+    } = change;
+    let side = |loaded: &Loaded, path: &str, conditions: &[capgate_core::access::Condition]| {
+        let document = loaded.compilation.document.as_ref();
+        json!({
+            "path": path,
+            "position": json::position_of(document, path),
+            "conditions": conditions.iter().map(|c| json::condition(c, document)).collect::<Vec<_>>(),
+        })
+    };
+    json!({
+        "kind": direction.as_str(),
+        "issuer": issuer,
+        "attributes": json::attributes(attributes),
+        "capabilities": capabilities,
+        "account": account,
+        "before": side(before, before_path, earlier),
+        "after": side(after, after_path, later),
+    })
+}
+
+/// The grants whose conditions changed, after the decision changes; nothing when none did.
+fn human_conditions(conditions: &[ConditionChange], before: &Loaded, after: &Loaded) -> String {
+    let mut out = String::new();
+    if conditions.is_empty() {
+        return out;
+    }
+    let count = |direction: Direction| conditions.iter().filter(|c| c.direction == direction).count();
+    out.push('\n');
+    let _ = writeln!(
+        out,
+        "{} grant{} change{} conditions ({} widening, {} narrowing, {} changed):",
+        conditions.len(),
+        if conditions.len() == 1 { "" } else { "s" },
+        if conditions.len() == 1 { "s its" } else { " their" },
+        count(Direction::Widening),
+        count(Direction::Narrowing),
+        count(Direction::Changed),
+    );
+    out.push('\n');
+    for change in conditions {
+        let selector = render::attribute_list(&change.attributes);
+        let who = if selector.is_empty() {
+            format!("{} (every principal)", change.issuer)
+        } else {
+            format!("{} {selector}", change.issuer)
+        };
+        let _ = writeln!(
+            out,
+            "  {}  {who}  →  {}  as {}",
+            change.direction.as_str(),
+            change.capabilities.join(", "),
+            change.account
+        );
+        for (label, loaded, path, list) in [
+            ("before", before, &change.before_path, &change.before),
+            ("after ", after, &change.after_path, &change.after),
+        ] {
+            let document = loaded.compilation.document.as_ref();
+            let position = document.and_then(|document| document.resolve(path));
+            let _ = writeln!(
+                out,
+                "    {label}  {}",
+                render::site(&loaded.source.origin, position, path)
+            );
+            if list.is_empty() {
+                let _ = writeln!(out, "      no conditions");
+            }
+            for condition in list.iter() {
+                let _ = writeln!(out, "      {}", condition.test.written());
+            }
+        }
+        out.push('\n');
+    }
+    out
 }
 
 pub(super) fn human(changes: &[Change]) -> String {

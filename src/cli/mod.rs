@@ -15,6 +15,7 @@
 mod args;
 mod audit;
 mod completions;
+mod condition_diff;
 mod decide;
 mod diff;
 mod explain;
