@@ -1169,6 +1169,372 @@ fn the_test_splitter_reads_quotes() {
     assert_eq!(words("a 'b c'  '' d=''"), ["a", "b c", "", "d="]);
 }
 
+// ── conditions: examples/refunds.yaml ───────────────────────────────────────
+
+const REFUNDS: &str = "examples/refunds.yaml";
+const REFUNDS_CATALOG: &str = "examples/refunds.catalog.yaml";
+/// A Tuesday, 10:00 in Madrid: inside support's office hours.
+const OFFICE_HOURS: &str = "2026-12-01T09:00:00Z";
+
+/// `explain` on the refunds example for a support agent asking to refund, at `OFFICE_HOURS`
+/// unless `rest` names another `--at`.
+fn explain_refund(rest: &str) -> Run {
+    let at = if rest.contains("--at ") {
+        String::new()
+    } else {
+        format!(" --at {OFFICE_HOURS}")
+    };
+    capgate(&format!(
+        "explain {REFUNDS} --catalog {REFUNDS_CATALOG} --issuer staff --subject sue --attr dept=support \
+         --capability billing.refund.create{at} {rest}"
+    ))
+}
+
+/// The outcome of each condition `explain --json` listed for the first conditional grant.
+fn outcomes(json: &Value) -> Vec<String> {
+    json["conditions"][0]["conditions"]
+        .as_array()
+        .expect("the grant's conditions")
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {}",
+                c["path"].as_str().unwrap(),
+                c["outcome"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn explain_checks_each_condition_and_names_the_failing_one_with_its_position() {
+    let run = explain_refund("--arg amount=150 --arg currency=EUR");
+    assert_eq!(run.code, 0, "{}", run.snapshot());
+    insta::assert_snapshot!("explain_condition_failed_human", run.snapshot());
+    assert!(run
+        .stdout
+        .contains("arguments  {\"amount\":150,\"currency\":\"EUR\"}\n"));
+    assert!(run
+        .stdout
+        .contains("  site      examples/refunds.yaml:54:9  /grants/0/when/0\n"));
+    assert!(run.stdout.contains("    failed   amount at_most 100 "));
+
+    let json = explain_refund("--arg amount=150 --arg currency=EUR --json").json();
+    assert_eq!(json["arguments"], json!({"amount": 150, "currency": "EUR"}));
+    let reason = &json["decision"]["reason"];
+    assert_eq!(reason["code"], "condition_failed");
+    assert_eq!(reason["path"], "/grants/0/when/0");
+    assert_eq!(reason["subject"], "amount");
+    assert_eq!(reason["position"], json!({"line": 54, "column": 9}));
+    assert_eq!(json["conditions"][0]["grant"], "/grants/0");
+    assert_eq!(json["conditions"][0]["applies"], false);
+    assert_eq!(
+        outcomes(&json),
+        [
+            "/grants/0/when/0 failed",
+            "/grants/0/when/1 held",
+            "/grants/0/when/2 held"
+        ]
+    );
+    assert_eq!(
+        json["conditions"][0]["conditions"][1],
+        json!({"path": "/grants/0/when/1", "position": {"line": 56, "column": 9},
+               "subject": "currency", "condition": "currency in [\"EUR\",\"USD\"]", "outcome": "held"})
+    );
+
+    // Each condition fails on its own: the currency, then the hour.
+    let json = explain_refund(r#"--args-json '{"amount": 50, "currency": "GBP"}' --json"#).json();
+    assert_eq!(json["decision"]["reason"]["path"], "/grants/0/when/1");
+    assert_eq!(
+        json["decision"]["reason"]["position"],
+        json!({"line": 56, "column": 9})
+    );
+    let json = explain_refund("--arg amount=50 --arg currency=EUR --at 2026-12-01T18:30:00Z --json").json();
+    assert_eq!(json["decision"]["reason"]["code"], "condition_failed");
+    assert_eq!(json["decision"]["reason"]["path"], "/grants/0/when/2");
+    assert_eq!(json["decision"]["reason"]["subject"], "time");
+
+    // No arguments given: the argument conditions miss, the hour still holds.
+    let json = explain_refund("--json").json();
+    assert_eq!(json["arguments"], Value::Null);
+    assert_eq!(json["decision"]["reason"]["code"], "arguments_missing");
+    assert_eq!(json["decision"]["reason"]["path"], "/grants/0/when/0");
+    assert_eq!(
+        outcomes(&json),
+        [
+            "/grants/0/when/0 missing",
+            "/grants/0/when/1 missing",
+            "/grants/0/when/2 held"
+        ]
+    );
+}
+
+#[test]
+fn explain_allows_a_call_that_meets_the_conditions_and_says_the_allow_is_conditional() {
+    let run = explain_refund(r#"--args-json '{"amount": 500, "currency": "EUR"}' --arg amount=50 --json"#);
+    assert_eq!(run.code, 0);
+    let json = run.json();
+    assert_eq!(
+        json["arguments"],
+        json!({"amount": 50, "currency": "EUR"}),
+        "--arg wins over --args-json"
+    );
+    assert_eq!(json["decision"]["outcome"], "allow");
+    assert_eq!(json["decision"]["conditional"], true);
+    assert_eq!(json["conditions"][0]["applies"], true);
+    insta::assert_snapshot!("explain_conditional_allow_json", run.snapshot());
+    let human = explain_refund("--arg amount=50 --arg currency=USD");
+    assert!(human.stdout.contains("ALLOWED"), "{}", human.stdout);
+    assert!(human.stdout.contains("  conditional  yes"), "{}", human.stdout);
+    assert!(human
+        .stdout
+        .contains("  grant examples/refunds.yaml:49:5  /grants/0  (applies)"));
+
+    // The same arguments from a file.
+    let folder = tempfile::tempdir().expect("a scratch folder");
+    let file = folder.path().join("args.json");
+    std::fs::write(
+        &file,
+        r#"{"amount": 50, "currency": "USD", "order": {"id": "o-1"}}"#,
+    )
+    .expect("write");
+    let json = explain_refund(&format!(
+        "--args-json @{} --arg order.total=7 --json",
+        file.display()
+    ))
+    .json();
+    assert_eq!(json["decision"]["outcome"], "allow");
+    assert_eq!(json["arguments"]["order"], json!({"id": "o-1", "total": 7}));
+
+    // An unconditional grant has no conditions to show, and its allow is not conditional.
+    let json = capgate(&format!(
+        "explain {REFUNDS} --issuer staff --subject fin --attr dept=finance --capability billing.refund.create --at {OFFICE_HOURS} --arg amount=100000 --json"
+    ))
+    .json();
+    assert_eq!(json["decision"]["conditional"], false);
+    assert!(json.get("conditions").is_none(), "{json}");
+}
+
+#[test]
+fn malformed_call_arguments_are_usage_errors_naming_the_flag() {
+    for (rest, says) in [
+        ("--arg amount", "'--arg <PATH=VALUE>'"),
+        ("--arg =5", "'--arg <PATH=VALUE>'"),
+        ("--arg order..total=5", "empty member name"),
+        ("--args-json '{\"amount\": '", "`--args-json` is not JSON"),
+        (
+            "--args-json '[1, 2]'",
+            "`--args-json` must be a JSON object, not an array",
+        ),
+        (
+            "--args-json 50",
+            "`--args-json` must be a JSON object, not a number",
+        ),
+    ] {
+        let run = explain_refund(rest);
+        assert_eq!(run.code, 2, "{rest}: {}", run.snapshot());
+        assert!(run.stdout.is_empty(), "{rest}");
+        assert!(stderr_first_line(&run).contains(says), "{rest}: {}", run.stderr);
+        let json = explain_refund(&format!("{rest} --json")).json();
+        assert_eq!(json["error"]["exit"], 2, "{rest}");
+    }
+    let run = explain_refund("--args-json @tests/fixtures/cli/no-such-arguments.json");
+    assert_eq!(
+        run.code,
+        3,
+        "an unreadable file is an input error: {}",
+        run.snapshot()
+    );
+    assert!(
+        run.stderr.contains("`--args-json`: cannot read"),
+        "{}",
+        run.stderr
+    );
+    // Checked before the policy is read, as the other usage errors are.
+    let run = capgate("explain missing.yaml --issuer a --subject b --capability c --args-json '[]'");
+    assert_eq!(run.code, 2, "{}", run.snapshot());
+}
+
+#[test]
+fn visible_marks_a_capability_whose_every_grant_is_conditional() {
+    let visible = |dept: &str| {
+        capgate(&format!(
+            "visible {REFUNDS} --catalog {REFUNDS_CATALOG} --issuer staff --subject x --attr dept={dept}"
+        ))
+    };
+    let run = visible("support");
+    assert_eq!(run.code, 0);
+    insta::assert_snapshot!("visible_conditional_human", run.snapshot());
+    assert!(run.stdout.contains("  billing.refund.create  (conditional"));
+    let json = capgate(&format!(
+        "visible {REFUNDS} --issuer staff --subject x --attr dept=support --json"
+    ))
+    .json();
+    assert_eq!(json["capabilities"][0]["conditional"], true);
+    let json = capgate(&format!(
+        "visible {REFUNDS} --issuer staff --subject x --attr dept=finance --json"
+    ))
+    .json();
+    assert_eq!(json["capabilities"][0]["capability"], "billing.refund.create");
+    assert_eq!(json["capabilities"][0]["conditional"], false);
+    assert!(!visible("finance").stdout.contains("conditional"));
+}
+
+#[test]
+fn who_can_shows_each_grants_conditions_with_their_sites() {
+    let run = capgate(&format!("who-can {REFUNDS} --capability billing.refund.create"));
+    assert_eq!(run.code, 0);
+    insta::assert_snapshot!("who_can_conditions_human", run.snapshot());
+    assert!(run.stdout.contains(
+        "    when      amount at_most 100                                  examples/refunds.yaml:54:9  /grants/0/when/0\n"
+    ), "{}", run.stdout);
+    let json = capgate(&format!(
+        "who-can {REFUNDS} --capability deploy.release.approve --json"
+    ))
+    .json();
+    assert_eq!(
+        json["grants"][0]["conditions"],
+        json!([{"path": "/grants/2/when/0", "position": {"line": 74, "column": 9},
+                "subject": "environment", "condition": "environment equals \"staging\""}])
+    );
+    let json = capgate(&format!(
+        "who-can {REFUNDS} --capability billing.refund.create --json"
+    ))
+    .json();
+    assert_eq!(json["grants"][0]["conditions"].as_array().map(Vec::len), Some(3));
+    assert_eq!(json["grants"][1]["conditions"], json!([]));
+}
+
+/// `diff` from the refunds example to the example with `edit` applied (through stdin).
+fn diff_refunds(edit: impl FnOnce(String) -> String, rest: &str) -> Run {
+    let text = String::from_utf8(read(REFUNDS)).expect("UTF-8");
+    let after = edit(text.clone());
+    assert_ne!(after, text, "the edit changes the example");
+    capgate_with_stdin(
+        &format!("diff {REFUNDS} - --catalog {REFUNDS_CATALOG} {rest}"),
+        after.as_bytes(),
+    )
+}
+
+/// `diff` the other way: from the edited example back to it.
+fn diff_back(edit: impl FnOnce(String) -> String, rest: &str) -> Run {
+    let text = String::from_utf8(read(REFUNDS)).expect("UTF-8");
+    let before = edit(text.clone());
+    capgate_with_stdin(
+        &format!("diff - {REFUNDS} --catalog {REFUNDS_CATALOG} {rest}"),
+        before.as_bytes(),
+    )
+}
+
+fn kinds(run: &Run) -> Vec<String> {
+    let json = run.json();
+    json["conditions"]
+        .as_array()
+        .expect("conditions")
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {}",
+                c["after"]["path"].as_str().unwrap(),
+                c["kind"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn diff_reports_a_loosened_bound_as_widening_and_a_tightened_one_as_narrowing() {
+    let loosen = |text: String| text.replace("at_most: 100", "at_most: 200");
+    let run = diff_refunds(loosen, "");
+    assert_eq!(run.code, 1, "a condition change is a change");
+    insta::assert_snapshot!("diff_conditions_human", run.snapshot());
+    assert!(run
+        .stdout
+        .starts_with("no decision changes between the two versions\n"));
+    assert!(run
+        .stdout
+        .contains("  widening  staff [dept=support]  →  billing.refund.create  as support-payments\n"));
+
+    let run = diff_refunds(loosen, "--json");
+    assert_eq!(run.code, 1);
+    assert_eq!(run.json()["changes"], json!([]));
+    assert_eq!(kinds(&run), ["/grants/0 widening"]);
+    insta::assert_snapshot!("diff_conditions_json", run.snapshot());
+    assert_eq!(diff_refunds(loosen, "--fail-on widening").code, 1);
+
+    // Back again: the bound tightens, which is a change but no widening.
+    let run = diff_back(loosen, "--json");
+    assert_eq!(run.code, 1);
+    assert_eq!(kinds(&run), ["/grants/0 narrowing"]);
+    let run = diff_back(loosen, "--fail-on widening");
+    assert_eq!(run.code, 0, "{}", run.snapshot());
+    assert!(
+        run.stdout.contains("(0 widening, 1 narrowing, 0 changed)"),
+        "{}",
+        run.stdout
+    );
+
+    // A set of values gaining one widens; losing one narrows.
+    let more = |text: String| text.replace("in: [EUR, USD]", "in: [EUR, USD, GBP]");
+    assert_eq!(kinds(&diff_refunds(more, "--json")), ["/grants/0 widening"]);
+    let fewer = |text: String| text.replace("in: [EUR, USD]", "in: [EUR]");
+    assert_eq!(kinds(&diff_refunds(fewer, "--json")), ["/grants/0 narrowing"]);
+    // A longer office day widens.
+    let longer = |text: String| text.replace("until: \"18:00\"", "until: \"20:00\"");
+    assert_eq!(kinds(&diff_refunds(longer, "--json")), ["/grants/0 widening"]);
+}
+
+#[test]
+fn diff_classifies_removed_added_and_unordered_conditions() {
+    // Every condition of the release grant removed: widening.
+    let unconditional = |text: String| {
+        text.replace(
+            "    when:\n      - argument: environment          # /grants/2/when/0\n        equals: staging\n",
+            "",
+        )
+    };
+    let run = diff_refunds(unconditional, "--json --fail-on widening");
+    assert_eq!(run.code, 1, "{}", run.snapshot());
+    assert_eq!(kinds(&run), ["/grants/2 widening"]);
+    // Conditions added to finance's unconditional grant: narrowing.
+    let run = diff_refunds(
+        |text| {
+            text.replace(
+                "    using: finance-payments\n",
+                "    using: finance-payments\n    when:\n      - argument: currency\n        in: [EUR]\n",
+            )
+        },
+        "--json --fail-on widening",
+    );
+    assert_eq!(run.code, 0, "{}", run.snapshot());
+    assert_eq!(kinds(&run), ["/grants/1 narrowing"]);
+    // Another value, neither wider nor narrower: changed, which may widen.
+    let run = diff_refunds(
+        |text| text.replace("equals: staging", "equals: production"),
+        "--json --fail-on widening",
+    );
+    assert_eq!(kinds(&run), ["/grants/2 changed"]);
+    assert_eq!(run.code, 1, "a change that cannot be ordered counts as widening");
+    // A bound loosened and another tightened at once: changed.
+    let run = diff_refunds(
+        |text| {
+            text.replace("at_most: 100", "at_most: 200")
+                .replace("in: [EUR, USD]", "in: [EUR]")
+        },
+        "--json",
+    );
+    assert_eq!(kinds(&run), ["/grants/0 changed"]);
+    // The conditions written in another order: nothing changed.
+    let reordered = |text: String| {
+        let currency = "      - argument: currency             # /grants/0/when/1\n        in: [EUR, USD]\n";
+        let amount = "      - argument: amount               # /grants/0/when/0\n        at_most: 100\n";
+        text.replace(&format!("{amount}{currency}"), &format!("{currency}{amount}"))
+    };
+    let run = diff_refunds(reordered, "");
+    assert_eq!(run.code, 0, "{}", run.snapshot());
+    assert_eq!(run.stdout, "no decision changes between the two versions\n");
+}
+
 // ── capgate test ────────────────────────────────────────────────────────────
 
 /// The example suite copied into a scratch folder, with `edit` applied to the
@@ -1217,6 +1583,10 @@ fn the_example_suite_passes_and_covers_the_whole_policy() {
     assert!(document["summary"]["cases"].as_u64().unwrap_or(0) >= 27);
     assert_eq!(document["coverage"][0]["percent"], 100.0);
     assert_eq!(document["coverage"][0]["uncovered"], json!([]));
+    // The refunds suite runs with it, and covers its policy's conditions too.
+    assert_eq!(document["suites"][1]["file"], "examples/refunds.capgate-test.yaml");
+    assert_eq!(document["coverage"][1]["policy"]["origin"], "examples/refunds.yaml");
+    assert_eq!(document["coverage"][1]["percent"], 100.0);
     // Every kind of case is there, each at its own line of the test file.
     let cases = document["suites"][0]["cases"].as_array().expect("cases");
     for kind in ["decide", "visible", "who_can"] {
@@ -1415,6 +1785,148 @@ fn the_test_schema_is_printed_and_describes_the_example_suite() {
         );
     }
     assert_ne!(capgate("schema").stdout, run.stdout);
+}
+
+/// The refunds suite copied into a scratch folder with its policy and catalog, `edit` applied
+/// to the suite.
+fn refunds_suite_copy(edit: impl FnOnce(String) -> String) -> tempfile::TempDir {
+    let folder = tempfile::tempdir().expect("a scratch folder");
+    for name in [
+        "refunds.yaml",
+        "refunds.catalog.yaml",
+        "refunds.capgate-test.yaml",
+    ] {
+        let from = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples")
+            .join(name);
+        std::fs::copy(from, folder.path().join(name)).expect("copy an example");
+    }
+    let suite = folder.path().join("refunds.capgate-test.yaml");
+    let text = std::fs::read_to_string(&suite).expect("the suite");
+    let edited = edit(text.clone());
+    std::fs::write(&suite, edited).expect("write the suite");
+    folder
+}
+
+#[test]
+fn the_refunds_suite_covers_every_condition_both_ways() {
+    let run = capgate("test examples/refunds.capgate-test.yaml --min-coverage 100 --json");
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    let document = run.json();
+    let coverage = &document["coverage"][0];
+    assert_eq!(coverage["conditions"], json!({"covered": 4, "total": 4}));
+    assert_eq!(coverage["uncovered"], json!([]));
+    // The example policy has no conditions: none to cover, and its line says nothing of them.
+    let run = capgate("test examples/policy.capgate-test.yaml --json");
+    assert_eq!(
+        run.json()["coverage"][0]["conditions"],
+        json!({"covered": 0, "total": 0})
+    );
+}
+
+#[test]
+fn coverage_reports_a_condition_no_case_made_fail() {
+    // Without the GBP case and the one without arguments (a missing argument counts as a
+    // failure), no case makes the currency condition fail.
+    let folder = refunds_suite_copy(|text| {
+        let cut = |text: &str, from: &str, to: &str| {
+            let start = text.find(from).expect("the case");
+            let end = text.find(to).expect("the next case");
+            format!("{}{}", &text[..start], &text[end..])
+        };
+        let text = cut(
+            &text,
+            "  - name: support's refund in GBP",
+            "  - name: support's refund after office hours",
+        );
+        cut(
+            &text,
+            "  - name: support's refund without arguments",
+            "  - name: engineering approves",
+        )
+    });
+    let run = capgate_in(folder.path(), "test --min-coverage 100");
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    insta::assert_snapshot!("test_uncovered_condition", run.snapshot());
+    assert!(
+        run.stdout.contains(
+            "  not exercised: condition `currency in [\"EUR\",\"USD\"]` at refunds.yaml:56:9  /grants/0/when/1 (never failed)\n"
+        ),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("conditions 3/4)"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("below --min-coverage 100 %"),
+        "{}",
+        run.stdout
+    );
+    let document = capgate_in(folder.path(), "test --json").json();
+    assert_eq!(
+        document["coverage"][0]["uncovered"],
+        json!([{"kind": "condition", "id": "currency in [\"EUR\",\"USD\"]", "path": "/grants/0/when/1",
+                "position": {"line": 56, "column": 9}, "held": true, "failed": false}])
+    );
+
+    // Without the cases that make the release condition hold and fail, it was never checked;
+    // a missing argument counts as failing, so the amount stays covered without the 150 case.
+    let folder = refunds_suite_copy(|text| {
+        let start = text
+            .find("  - name: support's refund of 150")
+            .expect("the 150 case");
+        let end = text
+            .find("  - name: support's refund in GBP")
+            .expect("the next case");
+        let text = format!("{}{}", &text[..start], &text[end..]);
+        let start = text
+            .find("  - name: engineering approves")
+            .expect("the staging case");
+        let end = text.find("visible:").expect("the listings");
+        format!("{}{}", &text[..start], &text[end..])
+    });
+    let document = capgate_in(folder.path(), "test --json").json();
+    let uncovered: Vec<String> = document["coverage"][0]["uncovered"]
+        .as_array()
+        .expect("uncovered")
+        .iter()
+        .map(|item| format!("{} {} {}", item["kind"], item["path"], item["held"]))
+        .collect();
+    assert_eq!(
+        uncovered,
+        [
+            r#""grant" "/grants/2" null"#,
+            r#""capability" "/capabilities/1" null"#,
+            r#""account" "/accounts/2" null"#,
+            r#""condition" "/grants/2/when/0" false"#,
+        ]
+    );
+}
+
+#[test]
+fn a_case_gives_arguments_as_an_object_and_may_expect_the_condition_codes() {
+    let run = capgate("schema --tests");
+    let schema = run.json();
+    let case = &schema["$defs"]["decideCase"]["properties"];
+    assert_eq!(case["arguments"]["type"], "object");
+    assert!(case["at"].is_object());
+    let codes = schema["$defs"]["code"]["enum"].as_array().expect("codes");
+    for code in ["condition_failed", "arguments_missing"] {
+        assert!(codes.contains(&json!(code)), "{code}");
+    }
+    let folder = refunds_suite_copy(|text| {
+        text.replacen(
+            "arguments: { paymentId: pay-2, amount: 50, currency: EUR }",
+            "arguments: [50, EUR]",
+            1,
+        )
+    });
+    let run = capgate_in(folder.path(), "test");
+    assert_eq!(run.code, 3, "{}", run.stdout);
+    assert!(
+        run.stdout.contains("refunds.capgate-test.yaml:26:16: "),
+        "{}",
+        run.stdout
+    );
 }
 
 /// The store's pool is bounded both ways: none is no pool, and more than 1 024 is a typo.

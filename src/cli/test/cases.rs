@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use capgate_core::access::{evaluate, visible, who_can, Decision, Instant, Usage};
+use capgate_core::access::{evaluate_call, visible, who_can, Decision, Instant, Outcome, Usage};
 use capgate_core::policy::CompiledPolicy;
 use capgate_core::principals::{resolve_asserted, AuthProblem, Resolution};
 
@@ -53,6 +53,9 @@ pub struct Exercised {
     pub grants: Vec<usize>,
     pub capabilities: Vec<String>,
     pub accounts: Vec<String>,
+    /// Conditions the decision consulted (their pointers), each with whether it held (else
+    /// it failed or its argument was missing).
+    pub conditions: Vec<(String, bool)>,
 }
 
 /// One case, run.
@@ -274,7 +277,30 @@ fn decide<'a>(context: &mut Context<'a>, case: &'a DecideCase) -> Result<CaseRes
             (Ok(_), None) => ("deny", "unknown_tool".to_owned(), None, None, None),
             (Ok(resolution), Some(capability)) => {
                 out.exercised.capabilities.push(capability.to_owned());
-                match evaluate(&policy.ruleset, &resolution.principal, capability, at, usage) {
+                let arguments = spec.arguments.as_ref();
+                let decision = evaluate_call(
+                    &policy.ruleset,
+                    &resolution.principal,
+                    capability,
+                    at,
+                    usage,
+                    arguments,
+                );
+                let checked = crate::cli::explain::checked_conditions(
+                    &policy.ruleset,
+                    &resolution.principal,
+                    capability,
+                    &decision,
+                    arguments,
+                    at,
+                );
+                for checked in &checked {
+                    for (condition, held) in &checked.outcomes {
+                        let held = *held == Outcome::Holds;
+                        out.exercised.conditions.push((condition.path.clone(), held));
+                    }
+                }
+                match decision {
                     Decision::Allow(allow) => {
                         out.exercised.grants.push(allow.grant);
                         out.exercised.accounts.push(allow.account.id.clone());

@@ -36,8 +36,9 @@ pub struct Args {
     /// Only cases whose name contains this text (any case); repeat for several.
     #[arg(long, value_name = "TEXT")]
     pub filter: Vec<String>,
-    /// Fail (exit 1) when the cases exercise less than N % of a policy's grants, capabilities and
-    /// accounts together.
+    /// Fail (exit 1) when the cases exercise less than N % of a policy's grants, capabilities,
+    /// accounts and conditions together (a condition counts when some case made it hold and
+    /// some case made it fail).
     #[arg(long, value_name = "N", value_parser = parse_percent)]
     pub min_coverage: Option<f64>,
     /// Also write the results as JUnit XML to FILE, for CI systems.

@@ -84,9 +84,15 @@ pub fn human(runs: &[SuiteRun], coverages: &[PolicyCoverage], min_coverage: Opti
         }
     }
     for PolicyCoverage { loaded, coverage, .. } in coverages {
+        // Conditions are counted where the policy has some.
+        let conditions = if coverage.conditions.1 == 0 {
+            String::new()
+        } else {
+            format!(", conditions {}/{}", coverage.conditions.0, coverage.conditions.1)
+        };
         let _ = writeln!(
             out,
-            "coverage of {}: {:.1} % (grants {}/{}, capabilities {}/{}, accounts {}/{})",
+            "coverage of {}: {:.1} % (grants {}/{}, capabilities {}/{}, accounts {}/{}{conditions})",
             loaded.source.origin,
             coverage.percent(),
             coverage.grants.0,
@@ -99,13 +105,22 @@ pub fn human(runs: &[SuiteRun], coverages: &[PolicyCoverage], min_coverage: Opti
         let document = loaded.compilation.document.as_ref();
         for item in &coverage.uncovered {
             let position = resolve(document, &item.path);
-            let _ = writeln!(
-                out,
-                "  not exercised: {} `{}` at {}",
-                item.kind,
-                item.id,
-                render::location(&loaded.source.origin, position)
-            );
+            let site = render::location(&loaded.source.origin, position);
+            match item.tried {
+                Some(tried) => {
+                    let _ = writeln!(
+                        out,
+                        "  not exercised: {} `{}` at {site}  {} ({})",
+                        item.kind,
+                        item.id,
+                        item.path,
+                        tried.missing()
+                    );
+                }
+                None => {
+                    let _ = writeln!(out, "  not exercised: {} `{}` at {site}", item.kind, item.id);
+                }
+            }
         }
         if let Some(bar) = min_coverage {
             if coverage.percent() < bar {
@@ -191,12 +206,21 @@ pub fn json(runs: &[SuiteRun], coverages: &[PolicyCoverage], min_coverage: Optio
                     "grants": pair(coverage.grants),
                     "capabilities": pair(coverage.capabilities),
                     "accounts": pair(coverage.accounts),
-                    "uncovered": coverage.uncovered.iter().map(|item| json!({
-                        "kind": item.kind,
-                        "id": item.id,
-                        "path": item.path,
-                        "position": shared::position_of(document, &item.path),
-                    })).collect::<Vec<_>>(),
+                    "conditions": pair(coverage.conditions),
+                    "uncovered": coverage.uncovered.iter().map(|item| {
+                        let mut value = json!({
+                            "kind": item.kind,
+                            "id": item.id,
+                            "path": item.path,
+                            "position": shared::position_of(document, &item.path),
+                        });
+                        // A condition says which side no case tried.
+                        if let Some(tried) = item.tried {
+                            value["held"] = json!(tried.held);
+                            value["failed"] = json!(tried.failed);
+                        }
+                        value
+                    }).collect::<Vec<_>>(),
                 });
                 if let Some(bar) = min_coverage {
                     value["below_minimum"] = json!(coverage.percent() < bar);

@@ -154,6 +154,8 @@ pub struct DecideSpec {
     pub usage: Option<UsageSpec>,
     pub window_start: Option<String>,
     pub at: Option<String>,
+    /// The call's arguments; `None`: not given.
+    pub arguments: Option<serde_json::Map<String, Json>>,
     pub expect: DecideExpect,
 }
 
