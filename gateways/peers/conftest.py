@@ -71,15 +71,17 @@ def capgate_bin() -> Path:
 
 
 def policy(everything: Upstream, probe: Upstream) -> str:
-    """server-everything's `echo` granted, `get-sum` granted under a ceiling, `get-env` to nobody;
-    the probe's `headers` granted, `limited` under the same ceiling, `erase` to nobody. One
-    caller: an API key (`x-api-key`)."""
+    """server-everything's `echo` granted, `get-sum` granted under a ceiling, `get-env` to nobody,
+    `get-annotated-message` only for `messageType: success` (a condition on the call's
+    arguments, which capgate reads from the body Envoy forwards); the probe's `headers` granted,
+    `limited` under the same ceiling, `erase` to nobody. One caller: an API key (`x-api-key`)."""
     calls, per = CEILING
-    return f"""version: 1
+    return f"""version: 2
 capabilities:
   - id: everything.echo
   - id: everything.sum
   - id: everything.env
+  - id: everything.annotated
   - id: probe.headers
   - id: probe.limited
   - id: probe.erase
@@ -90,6 +92,7 @@ upstreams:
       - {{ name: echo, capability: everything.echo }}
       - {{ name: get-sum, capability: everything.sum }}
       - {{ name: get-env, capability: everything.env }}
+      - {{ name: get-annotated-message, capability: everything.annotated }}
   - id: {probe.id}
     transport: {{ kind: mcp-http, url: "http://{probe.host}:{probe.port}{probe.path}" }}
     tools:
@@ -117,6 +120,12 @@ grants:
     capabilities: [probe.limited]
     using: {ACCOUNT}
     limits: {{ calls: {calls}, per: {per} }}
+  - to: {{ issuer: keys }}          # /grants/3
+    capabilities: [everything.annotated]
+    using: {ACCOUNT}
+    when:
+      - argument: messageType       # /grants/3/when/0
+        equals: success
 """
 
 

@@ -199,6 +199,55 @@ def test_a_client_on_the_handshake_protocol_is_decided_from_the_body(world: Worl
     assert world.capgate.record(received["x-capgate-decision-id"])["door"] == "ext_authz"
 
 
+# ── conditions on the call's arguments ──────────────────────────────────────
+# /grants/3 lets `get-annotated-message` through for `messageType: success` only: capgate reads
+# the arguments from the JSON-RPC body the doc's Envoy forwards (`with_request_body`).
+
+ANNOTATED = "get-annotated-message"
+CONDITION = "/grants/3/when/0"
+
+
+def test_an_argument_condition_is_decided_on_the_body_envoy_forwards(world: World) -> None:
+    async def scenario() -> Any:
+        async with connect(world.envoy.url("everything"), world.caller()) as (client, seen):
+            allowed = await client.call_tool(ANNOTATED, {"messageType": "success"})
+            with pytest.raises(MCPError) as refused:
+                await client.call_tool(ANNOTATED, {"messageType": "error"})
+            return allowed, refused.value, seen
+
+    allowed, error, seen = run(scenario)
+    assert not allowed.is_error, allowed
+    data = denial(error, "condition_failed")
+    assert data["pointer"] == CONDITION
+    calls = seen.of("tools/call", ANNOTATED)
+    assert [e.status for e in calls] == [200, 403], calls
+    assert answered(calls[1], 403)["data"] == data
+    record = world.capgate.record(data["decision_id"])
+    assert (record["outcome"], record["code"], record["path"], record["door"]) == (
+        "deny", "condition_failed", CONDITION, "ext_authz")
+
+
+def test_without_the_body_an_argument_condition_denies_arguments_missing(world: World) -> None:
+    # The doc's Envoy less `with_request_body`: the MCP filter's metadata still names the tool,
+    # but no arguments reach capgate, so the grant that reads one cannot apply.
+    proxy = world.another_envoy(Variant("no-body", forward_body=False))
+
+    async def scenario() -> Any:
+        async with connect(proxy.url("everything"), world.caller()) as (client, seen):
+            with pytest.raises(MCPError) as refused:
+                await client.call_tool(ANNOTATED, {"messageType": "success"})
+            echoed = await client.call_tool("echo", {"message": "no conditions"})
+            return refused.value, echoed, seen
+
+    error, echoed, seen = run(scenario)
+    data = denial(error, "arguments_missing")
+    assert data["pointer"] == CONDITION
+    assert answered(seen.one("tools/call", ANNOTATED), 403)["data"] == data
+    # A grant without conditions needs no body.
+    assert echoed.content[0].text == "Echo: no conditions"
+    assert world.capgate.record(data["decision_id"])["code"] == "arguments_missing"
+
+
 # Without Mcp-Method/Mcp-Name and without the body, the tool can only come from the MCP filter's
 # dynamic metadata (metadata_context_namespaces). Each variant changes only that: ext_authz does
 # not send capgate those two headers (the upstream, on 2026-07-28, still needs and gets them) nor
