@@ -457,9 +457,10 @@ pub fn structure(fields: &[(&str, ProtoValue)]) -> Struct {
     }
 }
 
-/// A version 2 policy whose grants read a call's arguments (docs/policy-guide.md#conditions):
-/// examples/refunds.yaml with a static-key caller every door can carry, and without the office
-/// hours, so that no answer depends on the clock. With examples/refunds.catalog.yaml.
+/// A version 2 policy whose grants read a call's arguments
+/// (docs/policy-guide.md#conditions-what-a-call-does): examples/refunds.yaml with a static-key
+/// caller every door can carry, and without the office hours, so that no answer depends on the
+/// clock. With examples/refunds.catalog.yaml.
 pub const CONDITIONAL_POLICY: &str = r#"
 version: 2
 capabilities:
