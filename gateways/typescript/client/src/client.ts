@@ -76,6 +76,12 @@ export type DecideRequest = {
   readonly caller: Caller;
   /** Optional idempotency key. */
   readonly requestId?: string;
+  /**
+   * The call's arguments object as JSON text (MCP `tools/call` params.arguments), what a grant's
+   * conditions read; at most 64 KiB (capgate refuses INVALID_ARGUMENT beyond). Absent: not
+   * forwarded, and a grant whose conditions read an argument denies with `arguments_missing`.
+   */
+  readonly argumentsJson?: string;
 } & ({ readonly tool: string } | { readonly capability: string });
 
 export interface ListVisibleRequest {
@@ -184,6 +190,7 @@ export function createCapgateClient(options: ClientOptions): CapgateClient {
           caller: callerPb(request.caller),
           target,
           requestId: request.requestId ?? "",
+          ...(request.argumentsJson !== undefined && { argumentsJson: request.argumentsJson }),
         });
         return decideAnswer(await decisions.decide(message, unary(settings)));
       }),

@@ -36,4 +36,5 @@ export type {
   VisibleCapability,
   VisibleTool,
 } from "./results.js";
+export { REASON_CODE_NAMES } from "./vocabulary.js";
 export type { AuthProblemName, NoteKindName, ReasonCodeName } from "./vocabulary.js";

@@ -134,10 +134,20 @@ test("a listing keeps the tools in order with their schema text untouched", () =
       result: {
         case: "visible",
         value: {
-          capabilities: [{ capability: "x.y", account: { id: "a", secretRef: "env://A" }, path: "/grants/0", decisionId: "d" }],
+          capabilities: [
+            { capability: "x.y", account: { id: "a", secretRef: "env://A" }, path: "/grants/0", decisionId: "d", conditional: true },
+          ],
           tools: [
             { exposedName: "u__b", upstream: "u", name: "b", capability: "x.y", description: "", inputSchemaJson: "" },
-            { exposedName: "u__a", upstream: "u", name: "a", capability: "x.y", description: "A", inputSchemaJson: '{"type":"object"}' },
+            {
+              exposedName: "u__a",
+              upstream: "u",
+              name: "a",
+              capability: "x.y",
+              description: "A",
+              inputSchemaJson: '{"type":"object"}',
+              conditional: true,
+            },
           ],
         },
       },
@@ -147,6 +157,9 @@ test("a listing keeps the tools in order with their schema text untouched", () =
   if (answer.result.kind !== "visible") return;
   assert.deepEqual(answer.result.tools.map((t) => t.exposedName), ["u__b", "u__a"]);
   assert.equal(answer.result.tools[1]?.inputSchemaJson, '{"type":"object"}');
+  // Conditions' mark: the listing does not evaluate them, it says they exist.
+  assert.deepEqual(answer.result.tools.map((t) => t.conditional), [false, true]);
+  assert.equal(answer.result.capabilities[0]?.conditional, true);
   assert.deepEqual(answer.result.capabilities[0]?.account, { id: "a", secretRef: "env://A" });
   // The wire's `path` is the caller's `pointer`, the name refusals and AuthZEN use.
   assert.equal(answer.result.capabilities[0]?.pointer, "/grants/0");

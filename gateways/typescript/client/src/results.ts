@@ -104,6 +104,11 @@ export interface VisibleTool {
   readonly description: string;
   /** JSON text, untouched; empty when the catalog has none. */
   readonly inputSchemaJson: string;
+  /**
+   * Every grant that shows the tool carries conditions: a call may still be
+   * denied on its arguments or its time (`condition_failed`, `arguments_missing`).
+   */
+  readonly conditional: boolean;
 }
 
 export interface VisibleCapability {
@@ -113,6 +118,8 @@ export interface VisibleCapability {
   /** The winning grant's pointer (the wire's `path`). */
   readonly pointer: string;
   readonly decisionId: string;
+  /** Every grant that gives it carries conditions (see `VisibleTool.conditional`). */
+  readonly conditional: boolean;
 }
 
 export type ListVisibleResult =
@@ -306,15 +313,17 @@ export function listVisibleAnswer(pb: ListVisibleResponse): ListVisibleAnswer {
           ...(c.limits && { limits: ceiling(c.limits) }),
           pointer: c.path,
           decisionId: c.decisionId,
+          conditional: c.conditional,
         })),
         tools: result.value.tools.map(
-          ({ exposedName, upstream, name, capability, description, inputSchemaJson }) => ({
+          ({ exposedName, upstream, name, capability, description, inputSchemaJson, conditional }) => ({
             exposedName,
             upstream,
             name,
             capability,
             description,
             inputSchemaJson,
+            conditional,
           }),
         ),
       };

@@ -3,7 +3,7 @@
 import { strict as assert } from "node:assert";
 import { test } from "node:test";
 import { AuthProblem, AuthProblemSchema, NoteKind, ReasonCode, ReasonCodeSchema } from "./gen/capgate/v1/decisions_pb.js";
-import { authProblemName, noteKindValue, reasonCodeName } from "./vocabulary.js";
+import { REASON_CODE_NAMES, authProblemName, noteKindValue, reasonCodeName } from "./vocabulary.js";
 
 test("every reason code is its proto name without the prefix, lowercased", () => {
   for (const value of ReasonCodeSchema.values) {
@@ -11,6 +11,15 @@ test("every reason code is its proto name without the prefix, lowercased", () =>
   }
   assert.equal(reasonCodeName(ReasonCode.NO_GRANT_MATCHES), "no_grant_matches");
   assert.equal(reasonCodeName(ReasonCode.LIMIT_EXHAUSTED), "limit_exhausted");
+  assert.equal(reasonCodeName(ReasonCode.CONDITION_FAILED), "condition_failed");
+  assert.equal(reasonCodeName(ReasonCode.ARGUMENTS_MISSING), "arguments_missing");
+});
+
+test("the named reason codes are exactly the proto's, less its zero value", () => {
+  const proto = ReasonCodeSchema.values
+    .filter((v) => v.number !== ReasonCode.UNSPECIFIED)
+    .map((v) => v.name.replace(/^REASON_CODE_/, "").toLowerCase());
+  assert.deepEqual([...REASON_CODE_NAMES], proto);
 });
 
 test("every auth problem is its proto name without the prefix, lowercased", () => {

@@ -12,17 +12,28 @@ import {
   ReasonCodeSchema,
 } from "./gen/capgate/v1/decisions_pb.js";
 
-/** A decision's reason, as the audit writes it. */
-export type ReasonCodeName =
-  | "granted"
-  | "capability_not_declared"
-  | "capability_not_realized"
-  | "no_grant_matches"
-  | "ambiguous_grant"
-  | "account_disabled"
-  | "usage_unknown"
-  | "limit_exhausted"
-  | "unspecified";
+/**
+ * Every reason code capgate decides with, as the audit writes it (the proto's
+ * `ReasonCode` less its zero value). `condition_failed` and
+ * `arguments_missing` come from a grant's `when:` conditions: the pointer is
+ * the failing condition (`/grants/0/when/1`), the subject its argument path
+ * or `time`.
+ */
+export const REASON_CODE_NAMES = [
+  "granted",
+  "capability_not_declared",
+  "capability_not_realized",
+  "no_grant_matches",
+  "ambiguous_grant",
+  "account_disabled",
+  "usage_unknown",
+  "limit_exhausted",
+  "condition_failed",
+  "arguments_missing",
+] as const;
+
+/** A decision's reason, as the audit writes it; "unspecified" for a number this build does not know. */
+export type ReasonCodeName = (typeof REASON_CODE_NAMES)[number] | "unspecified";
 
 /** Why a credential did not become a principal, as the audit writes it. */
 export type AuthProblemName =

@@ -9,6 +9,8 @@ import type { CallerCredential, CapgateClient, VisibleTool } from "@capgate/clie
 import type { Logger } from "./log.js";
 import {
   JSONRPC_CREDENTIAL_FAILED,
+  MAX_ARGUMENTS_BYTES,
+  argumentsTooLarge,
   capgateUnavailable,
   credentialFailed,
   listingUnauthenticated,
@@ -52,7 +54,23 @@ export type CredentialOf = (authToken: string | undefined) => CallerCredential;
 /** A handler's caller, `--issuer` applied. */
 type Caller = (ctx: { http?: { authInfo?: { token?: string } } }) => CallerCredential;
 
-function mcpTool(tool: VisibleTool): Tool {
+/** Appended to the description of a tool every grant of which carries conditions (gateways/README.md). */
+export const CONDITIONAL_MARK = "Calls may be refused depending on their arguments or time.";
+
+/**
+ * The call's arguments as capgate's `arguments_json`: the object received, as
+ * JSON (keys in the order they came); absent arguments are `{}`, as MCP reads
+ * them. Over MAX_ARGUMENTS_BYTES of UTF-8 it throws the refusal.
+ */
+export function argumentsJson(args: Record<string, unknown> | undefined): string {
+  const text = JSON.stringify(args ?? {});
+  const size = Buffer.byteLength(text, "utf8");
+  if (size > MAX_ARGUMENTS_BYTES) throw argumentsTooLarge(size);
+  return text;
+}
+
+/** A visible tool as MCP lists it; a conditional one says so in its description. */
+export function mcpTool(tool: VisibleTool): Tool {
   let inputSchema: Tool["inputSchema"] = { type: "object" };
   if (tool.inputSchemaJson !== "") {
     // capgate passes the catalog's schema through untouched; a catalog entry
@@ -66,9 +84,11 @@ function mcpTool(tool: VisibleTool): Tool {
       // keep { type: "object" }
     }
   }
+  let description = tool.description;
+  if (tool.conditional) description = description === "" ? CONDITIONAL_MARK : `${description} (${CONDITIONAL_MARK})`;
   return {
     name: tool.exposedName,
-    ...(tool.description !== "" && { description: tool.description }),
+    ...(description !== "" && { description }),
     inputSchema,
   };
 }
@@ -329,9 +349,21 @@ export class Gateway {
   async callTool(credential: CallerCredential, tool: string, args: Record<string, unknown> | undefined) {
     const { capgate, logger, secrets, upstreams } = this.deps;
     const requestId = randomUUID();
+    let arguments_: string;
+    try {
+      arguments_ = argumentsJson(args);
+    } catch (refusal) {
+      logger.log("info", "call_refused", { tool, request_id: requestId, code: "arguments_too_large" });
+      throw refusal;
+    }
     let answer;
     try {
-      answer = await capgate.decide({ caller: { credential: this.#credential(credential) }, tool, requestId });
+      answer = await capgate.decide({
+        caller: { credential: this.#credential(credential) },
+        tool,
+        requestId,
+        argumentsJson: arguments_,
+      });
     } catch (error) {
       const refusal = capgateUnavailable(error);
       logger.log("warn", "call_refused", { tool, request_id: requestId, code: "capgate_unavailable", why: refusal.message });

@@ -12,6 +12,11 @@ export const JSONRPC_UNKNOWN_TOOL = -32602;
 export const JSONRPC_CREDENTIAL_FAILED = -32002;
 export const JSONRPC_UPSTREAM_FAILED = -32003;
 export const JSONRPC_INVALID_REQUEST = -32600;
+/** The call's own params cannot be asked about: arguments over what capgate reads. */
+export const JSONRPC_INVALID_PARAMS = -32602;
+
+/** The most capgate reads of a call's arguments (`DecideRequest.arguments_json`), as UTF-8 JSON. */
+export const MAX_ARGUMENTS_BYTES = 64 * 1024;
 
 export type RefusalData = Record<string, string | number | ReadonlyArray<Record<string, string>>>;
 
@@ -88,6 +93,18 @@ export function capgateUnavailable(error: unknown): Refusal {
   }
   data.message = message;
   return denied(data);
+}
+
+/**
+ * The call's arguments are more than capgate reads: refused here, before any
+ * Decide, so no decision is made and none is audited.
+ */
+export function argumentsTooLarge(size: number): Refusal {
+  const message = `the call's arguments are ${size} bytes as JSON, more than the ${MAX_ARGUMENTS_BYTES} capgate decides on`;
+  return new Refusal(JSONRPC_INVALID_PARAMS, `denied: arguments_too_large: ${message}`, {
+    code: "arguments_too_large",
+    message,
+  });
 }
 
 /** The allowed account's secret could not be resolved; nothing was executed. */

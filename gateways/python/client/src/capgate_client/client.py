@@ -80,10 +80,15 @@ class CapgateClient:
         tool: str | None = None,
         capability: str | None = None,
         request_id: str = "",
+        arguments_json: str | None = None,
         timeout: float | None = None,
     ) -> r.DecideResult:
-        """May this caller call `tool` (or `capability`) now? A deny is a result, not an error."""
-        request = convert.decide_request(credential, tool, capability, request_id)
+        """May this caller call `tool` (or `capability`) now? A deny is a result, not an error.
+
+        `arguments_json` is the call's arguments object as JSON text (at most 64 KiB, which capgate
+        refuses INVALID_ARGUMENT beyond), what a grant's conditions read; `None` sends nothing, and
+        a grant whose conditions read an argument then denies with `arguments_missing`."""
+        request = convert.decide_request(credential, tool, capability, request_id, arguments_json)
         response = await self._unary(self._decisions.Decide, request, timeout)
         return convert.decide_result(response, asked_for_tool=tool is not None)
 

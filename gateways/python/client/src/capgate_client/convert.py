@@ -51,10 +51,14 @@ def credential(value: r.Credential) -> decisions.Credential:
     return message
 
 
-def decide_request(cred: r.Credential, tool: str | None, capability: str | None, request_id: str) -> decisions.DecideRequest:
+def decide_request(
+    cred: r.Credential, tool: str | None, capability: str | None, request_id: str, arguments_json: str | None = None
+) -> decisions.DecideRequest:
     if (tool is None) == (capability is None):
         raise ValueError("decide needs exactly one of `tool` and `capability`")
     request = decisions.DecideRequest(credential=credential(cred), request_id=request_id)
+    if arguments_json is not None:
+        request.arguments_json = arguments_json
     if tool is not None:
         request.tool = tool
     else:
@@ -141,11 +145,14 @@ def list_visible_result(message: decisions.ListVisibleResponse) -> r.ListVisible
             r.Account(c.account.id, c.account.secret_ref) if c.HasField("account") else None,
             pointer=c.path,
             decision_id=c.decision_id,
+            conditional=c.conditional,
         )
         for c in message.visible.capabilities
     )
     tools = tuple(
-        r.VisibleTool(t.exposed_name, t.upstream, t.name, t.capability, t.description, t.input_schema_json)
+        r.VisibleTool(
+            t.exposed_name, t.upstream, t.name, t.capability, t.description, t.input_schema_json, conditional=t.conditional
+        )
         for t in message.visible.tools
     )
     return r.Visible(message.policy_version, message.policy_revision, at, capabilities, tools)

@@ -9,7 +9,27 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Literal, get_args
+
+
+ReasonCode = Literal[
+    "granted",
+    "capability_not_declared",
+    "capability_not_realized",
+    "no_grant_matches",
+    "ambiguous_grant",
+    "account_disabled",
+    "usage_unknown",
+    "limit_exhausted",
+    "condition_failed",
+    "arguments_missing",
+]
+"""Every reason code capgate decides with (the proto's `ReasonCode`, less its zero value).
+`condition_failed` and `arguments_missing` come from a grant's `when:` conditions: the pointer is
+the failing condition (`/grants/0/when/1`) and the subject its argument path, or `time`. A number
+this build does not know reads as `"unknown_<n>"`."""
+
+REASON_CODES: tuple[str, ...] = get_args(ReasonCode)
 
 
 class NoteKind(enum.StrEnum):
@@ -43,7 +63,7 @@ class Credential:
 @dataclass(frozen=True)
 class Reason:
     code: str
-    """A reason code, e.g. `"granted"`, `"limit_exhausted"`."""
+    """A reason code (`REASON_CODES`), e.g. `"granted"`, `"limit_exhausted"`, `"condition_failed"`."""
     pointer: str
     """The RFC 6901 pointer into the policy of the place to change (`"/grants/3"`), as gateways'
     refusals and AuthZEN name it (the wire's `Reason.path`)."""
@@ -138,6 +158,9 @@ class VisibleTool:
     capability: str
     description: str
     input_schema_json: str
+    conditional: bool = False
+    """Every grant that shows the tool carries conditions: a call may still be denied on its
+    arguments or its time (`condition_failed`, `arguments_missing`)."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +170,8 @@ class VisibleCapability:
     pointer: str
     """The winning grant's pointer (the wire's `path`)."""
     decision_id: str
+    conditional: bool = False
+    """Every grant that gives it carries conditions (see `VisibleTool.conditional`)."""
 
 
 @dataclass(frozen=True)

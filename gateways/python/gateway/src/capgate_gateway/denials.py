@@ -21,6 +21,11 @@ CREDENTIAL_FAILED = -32002
 """Allowed, but the account's secret could not be resolved; nothing was executed."""
 UPSTREAM_FAILED = -32003
 """Allowed, but the upstream could not be reached or failed at the transport level."""
+INVALID_PARAMS = -32602
+"""The call's own params cannot be asked about (arguments over what capgate reads)."""
+
+MAX_ARGUMENTS_BYTES = 64 * 1024
+"""The most capgate reads of a call's arguments (`DecideRequest.arguments_json`), as UTF-8 JSON."""
 
 
 def _error(json_rpc_code: int, code: str, message: str, **data: Any) -> MCPError:
@@ -58,6 +63,18 @@ def unknown_tool(answer: UnknownTool) -> MCPError:
 def unknown_target(kind: str, name: str, listing_id: str = "") -> MCPError:
     """A resource or prompt that no upstream the caller reaches serves (or that is not relayed)."""
     return _error(UNKNOWN_TOOL, f"unknown_{kind}", f"no {kind} `{name}` is relayed to this caller", decision_id=listing_id)
+
+
+def arguments_too_large(size: int) -> MCPError:
+    """The call's arguments are more than capgate reads: refused here, before any Decide, so no
+    decision is made and none is audited."""
+    message = f"the call's arguments are {size} bytes as JSON, more than the {MAX_ARGUMENTS_BYTES} capgate decides on"
+    return _error(INVALID_PARAMS, "arguments_too_large", message)
+
+
+def arguments_invalid(reason: str) -> MCPError:
+    """The call's arguments are not JSON capgate can read; refused before any Decide."""
+    return _error(INVALID_PARAMS, "arguments_invalid", reason)
 
 
 def capgate_unavailable(reason: str) -> MCPError:

@@ -26,6 +26,7 @@ from capgate_client import (
     Unauthenticated,
     UnimplementedError,
     UnknownTool,
+    VisibleTool,
 )
 from mcp.server.caching import CacheHint
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -175,10 +176,7 @@ class Gateway:
         if isinstance(answer, NotVisible):
             logs.event("list_denied", code="unauthenticated", problem=answer.problem)
             raise denials.unauthenticated(answer)
-        tools = [
-            types.Tool(name=t.exposed_name, description=t.description or None, input_schema=_schema(t.input_schema_json))
-            for t in answer.tools
-        ]
+        tools = [listed_tool(t) for t in answer.tools]
         logs.event("listed", tools=len(tools), policy_revision=answer.policy_revision)
         return types.ListToolsResult(tools=tools)
 
@@ -190,8 +188,14 @@ class Gateway:
         name = params.name
         request_id = str(uuid.uuid4())
         try:
+            arguments = arguments_json(params.arguments)
+        except MCPError as error:
+            logs.event("denied", tool=name, code=error.data["code"])
+            raise
+        try:
             answer = await self.capgate.decide(
-                self._credential(ctx), tool=name, request_id=request_id, timeout=self.decide_timeout
+                self._credential(ctx), tool=name, request_id=request_id, arguments_json=arguments,
+                timeout=self.decide_timeout,
             )
         except CapgateError as error:
             logs.event("capgate_unavailable", logging.WARNING, rpc="Decide", tool=name, status=error.status)
@@ -410,6 +414,39 @@ class _StreamHolder:
 def _connection(ctx: ServerRequestContext[Any, Any]) -> Any:
     """The connection behind a handler's per-request session (the SDK has no public way to it)."""
     return getattr(ctx.session, "_connection", None)
+
+
+CONDITIONAL_MARK = "Calls may be refused depending on their arguments or time."
+"""Appended to the description of a tool every grant of which carries conditions (gateways/README.md)."""
+
+
+def listed_tool(tool: VisibleTool) -> types.Tool:
+    """A visible tool as MCP lists it; a conditional one says so in its description."""
+    description = tool.description or None
+    if tool.conditional:
+        description = f"{description} ({CONDITIONAL_MARK})" if description else CONDITIONAL_MARK
+    return types.Tool(name=tool.exposed_name, description=description, input_schema=_schema(tool.input_schema_json))
+
+
+def arguments_json(arguments: dict[str, Any] | None) -> str:
+    """The call's arguments as capgate's `arguments_json`: the object received, as compact JSON
+    (UTF-8, keys in the order they came); absent arguments are `{}`, as MCP reads them.
+
+    Raises the refusal (MCPError -32602) for arguments capgate would not read: more than
+    `denials.MAX_ARGUMENTS_BYTES`, a NaN or infinite number, or a lone surrogate (Python's JSON
+    parser takes `NaN` and `"\\ud800"`; JSON text in UTF-8 has neither)."""
+    try:
+        text = json.dumps(
+            {} if arguments is None else arguments, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+        )
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise denials.arguments_invalid("the call's arguments hold a lone surrogate, which UTF-8 cannot carry") from None
+    except ValueError:
+        raise denials.arguments_invalid("the call's arguments hold a NaN or infinite number, which JSON has not") from None
+    if size > denials.MAX_ARGUMENTS_BYTES:
+        raise denials.arguments_too_large(size)
+    return text
 
 
 def _schema(text: str) -> dict[str, Any]:
