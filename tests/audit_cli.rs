@@ -383,6 +383,103 @@ fn notes_on_postgres() {
     on_postgres(notes_end_to_end);
 }
 
+/// A decision's arguments in `capgate audit`: the digest always, the kept (redacted) values
+/// where the server kept them — as an object in `--json` — and a note where they were too large
+/// to keep.
+fn arguments_end_to_end<S: Store>(url: &str, store: &S) {
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    let base = AuditRecord {
+        at_ms: month_start(3),
+        gateway: "edge".to_owned(),
+        kind: RecordKind::Decide,
+        outcome: RecordOutcome::Deny,
+        code: Some(RecordCode::Reason(ReasonCode::ConditionFailed)),
+        path: Some("/grants/0/when/0".to_owned()),
+        principal_id: Some("staff:sam".to_owned()),
+        capability: Some("billing.refund.create".to_owned()),
+        tool: Some("payments__create_refund".to_owned()),
+        arguments_digest: Some(digest.clone()),
+        ..AuditRecord::default()
+    };
+    let digest_only = AuditRecord {
+        decision_id: "0195a000-0000-7000-8000-000000000001".to_owned(),
+        ..base.clone()
+    };
+    let kept = AuditRecord {
+        decision_id: "0195a000-0000-7000-8000-000000000002".to_owned(),
+        at_ms: base.at_ms + 1,
+        arguments: Some(r#"{"amount":150,"password":"[redacted]"}"#.to_owned()),
+        ..base.clone()
+    };
+    let omitted = AuditRecord {
+        decision_id: "0195a000-0000-7000-8000-000000000003".to_owned(),
+        at_ms: base.at_ms + 2,
+        arguments_omitted: Some(20_000),
+        ..base.clone()
+    };
+    runtime()
+        .block_on(store.append_audit(&[digest_only, kept, omitted], &[]))
+        .expect("seed the audit trail");
+
+    let human = capgate(&["audit", "--database-url", url]);
+    assert_eq!(human.code, 0, "{human:?}");
+    let lines: Vec<&str> = human.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{}", human.stdout);
+    assert!(
+        lines[0].contains(&format!(
+            "  at=/grants/0/when/0  arguments={digest} (values not kept: 20000 bytes)  "
+        )),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[1].contains(&format!(
+            "  at=/grants/0/when/0  arguments={digest} {{\"amount\":150,\"password\":\"[redacted]\"}}  "
+        )),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        lines[2].contains(&format!("  at=/grants/0/when/0  arguments={digest}  gateway=")),
+        "{}",
+        lines[2]
+    );
+
+    let json = capgate(&["audit", "--json", "--database-url", url]);
+    assert_eq!(json.code, 0, "{json:?}");
+    let found: Value = serde_json::from_str(&json.stdout).expect("JSON");
+    let found = found.as_array().expect("an array");
+    assert_eq!(found[0]["arguments_digest"], Value::from(digest.clone()));
+    assert_eq!(found[0]["arguments_omitted"], Value::from(20_000));
+    assert_eq!(found[0].get("arguments"), None);
+    // The kept arguments are the object, not a string of JSON.
+    assert_eq!(
+        found[1]["arguments"],
+        serde_json::json!({"amount": 150, "password": "[redacted]"})
+    );
+    assert_eq!(found[1].get("arguments_omitted"), None);
+    assert_eq!(found[2]["arguments_digest"], Value::from(digest));
+    assert_eq!(found[2].get("arguments"), None);
+    // A record without arguments has none of the three.
+    let bare = AuditRecord {
+        decision_id: "0195a000-0000-7000-8000-000000000004".to_owned(),
+        arguments_digest: None,
+        ..base
+    };
+    let bare = serde_json::to_value(&bare).expect("JSON");
+    assert_eq!(bare.get("arguments_digest"), None);
+}
+
+#[test]
+fn arguments_on_sqlite() {
+    on_sqlite(arguments_end_to_end);
+}
+
+#[test]
+fn arguments_on_postgres() {
+    on_postgres(arguments_end_to_end);
+}
+
 /// Asking in a folder with no store creates nothing and says which store it looked for; a store
 /// nothing migrated says so, not "no such table".
 #[test]

@@ -1086,6 +1086,10 @@ async fn audit_records_round_trip<S: Store>(store: S) {
         // Not the default, so that the column is seen to round-trip.
         door: Door::ExtAuthz,
         first_decision_id: None,
+        // A call's arguments: their digest, and what an operator who opted in keeps of them.
+        arguments_digest: Some(format!("sha256:{:064x}", 7)),
+        arguments: Some(r#"{"amount":50,"password":"[redacted]"}"#.to_owned()),
+        arguments_omitted: Some(20_000),
     };
     // A listing's one record: how many capabilities it showed, and which (here all of them).
     let listing = AuditRecord {
@@ -2087,6 +2091,9 @@ mod postgres_only {
             // Written before doors existed: the migration's default names capgate's own.
             door: Door::Capgate,
             first_decision_id: None,
+            arguments_digest: None,
+            arguments: None,
+            arguments_omitted: None,
         });
         for row in &rows {
             insert_at_0001(&pool, row).await;

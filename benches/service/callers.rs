@@ -618,6 +618,9 @@ fn audit_row(sequence: usize) -> AuditRecord {
         visible: Vec::new(),
         door: Door::Capgate,
         first_decision_id: None,
+        arguments_digest: None,
+        arguments: None,
+        arguments_omitted: None,
     }
 }
 

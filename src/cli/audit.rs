@@ -257,6 +257,9 @@ fn line(record: &AuditRecord) -> String {
         visible,
         door,
         first_decision_id,
+        arguments_digest,
+        arguments,
+        arguments_omitted,
     } = record;
     let who = principal_id.clone().unwrap_or_else(|| {
         format!(
@@ -285,6 +288,17 @@ fn line(record: &AuditRecord) -> String {
     }
     if let Some(path) = path {
         let _ = write!(line, "  at={path}");
+    }
+    if let Some(digest) = arguments_digest {
+        // The call's arguments: their digest always, their (redacted) values where the server
+        // was told to keep them.
+        let _ = write!(line, "  arguments={digest}");
+        if let Some(kept) = arguments {
+            let _ = write!(line, " {kept}");
+        }
+        if let Some(bytes) = arguments_omitted {
+            let _ = write!(line, " (values not kept: {bytes} bytes)");
+        }
     }
     if let Some(count) = visible_count {
         // A listing: how many capabilities it showed, and the ones its record holds.

@@ -533,6 +533,43 @@ pub struct AuditRecord {
     /// A replay's or a refused reuse's record only: the decision its `request_id` belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_decision_id: Option<String>,
+    /// A decision about a call whose arguments were forwarded: `sha256:<hex>` of their canonical
+    /// JSON (members sorted by name, no whitespace; src/service/pipeline/arguments.rs). Never
+    /// their values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments_digest: Option<String>,
+    /// Only when the operator opted in (`serve --audit-arguments`): the arguments' canonical
+    /// JSON, the value of every member with a sensitive name `"[redacted]"`. Stored as text; in
+    /// the JSON form (the spool, `audit --json`) the object itself.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "json_text")]
+    pub arguments: Option<String>,
+    /// Only when the operator opted in: the redacted arguments were this many bytes, more than a
+    /// record keeps (16 KiB), so only their digest was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments_omitted: Option<u64>,
+}
+
+/// A JSON text held as a `String` and written out as the JSON value it is: a record's kept
+/// `arguments` read in `audit --json` and in the spool as an object, not as a string of JSON.
+mod json_text {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use serde_json::Value;
+
+    pub fn serialize<S: Serializer>(text: &Option<String>, serializer: S) -> Result<S::Ok, S::Error> {
+        match text.as_deref().map(serde_json::from_str::<Value>) {
+            Some(Ok(value)) => value.serialize(serializer),
+            // A stored text that is not JSON (written behind the store's back) is shown as it is.
+            Some(Err(_)) => text.serialize(serializer),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    /// The value written back as text. Read in order (`preserve_order`) from a canonical text, it
+    /// is the same text again.
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
+        let value = Option::<Value>::deserialize(deserializer)?;
+        Ok(value.map(|value| value.to_string()))
+    }
 }
 
 /// What a gateway noted about an allowed call after it (`NoteDecision`), or capgate's correction
@@ -1327,6 +1364,33 @@ mod tests {
         assert_eq!(RecordOutcome::parse("perhaps"), None);
         assert_eq!(RecordCode::parse("no_grant"), None);
         assert!(serde_json::from_value::<RecordCode>(serde_json::json!("no_grant")).is_err());
+    }
+
+    #[test]
+    fn kept_arguments_are_an_object_in_json_and_read_back_as_the_same_text() {
+        let record = AuditRecord {
+            decision_id: "d1".to_owned(),
+            arguments_digest: Some("sha256:00".to_owned()),
+            arguments: Some(r#"{"amount":1.5,"b":[null,true,"x\n"],"password":"[redacted]"}"#.to_owned()),
+            ..AuditRecord::default()
+        };
+        let json = serde_json::to_value(&record).unwrap();
+        assert_eq!(
+            json["arguments"],
+            serde_json::json!({"amount": 1.5, "b": [null, true, "x\n"], "password": "[redacted]"})
+        );
+        // As the spool writes and reads it: a line of text.
+        let line = serde_json::to_string(&record).unwrap();
+        assert_eq!(serde_json::from_str::<AuditRecord>(&line).unwrap(), record);
+        // Records without arguments write none of the three fields, as before they existed.
+        let bare = serde_json::to_value(AuditRecord::default()).unwrap();
+        for field in ["arguments_digest", "arguments", "arguments_omitted"] {
+            assert_eq!(bare.get(field), None, "{field}");
+        }
+        assert_eq!(
+            serde_json::from_value::<AuditRecord>(bare).unwrap(),
+            AuditRecord::default()
+        );
     }
 
     #[test]

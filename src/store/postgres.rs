@@ -1284,7 +1284,7 @@ async fn partitions(
         .collect())
 }
 
-/// The audit insert: one array per column, `$1` to `$23`. Without a conflict
+/// The audit insert: one array per column, `$1` to `$26`. Without a conflict
 /// target: the primary key is `(decision_id, at)` since the table is
 /// partitioned (migration 0002), and a replayed record carries the `at` it
 /// was made with, so it conflicts and is skipped.
@@ -1293,16 +1293,17 @@ macro_rules! insert_audit_rows {
         "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
              principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
              usage_calls, policy_version, policy_revision, visible_count, visible, door, \
-             first_decision_id) \
+             first_decision_id, arguments_digest, arguments, arguments_omitted) \
          SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], \
              $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], \
              $12::text[], $13::text[], $14::text[], $15::bigint[], $16::text[], $17::bigint[], \
-             $18::text[], $19::bigint[], $20::bigint[], $21::text[], $22::text[], $23::text[]) \
+             $18::text[], $19::bigint[], $20::bigint[], $21::text[], $22::text[], $23::text[], \
+             $24::text[], $25::text[], $26::bigint[]) \
          ON CONFLICT DO NOTHING"
     };
 }
 
-/// Writes back a batch's counters (`$24` to `$27`, the changed ones) ([`WriteBack`]); the start
+/// Writes back a batch's counters (`$27` to `$30`, the changed ones) ([`WriteBack`]); the start
 /// of a statement, a `WITH` clause.
 ///
 /// An upsert rather than `UPDATE … FROM UNNEST(…)`: every row is there (locked), and the conflict
@@ -1316,7 +1317,7 @@ macro_rules! insert_audit_rows {
 macro_rules! write_back_counters {
     () => {
         "WITH written AS (INSERT INTO usage_counters AS c (principal_id, capability, calls, window_start) \
-             SELECT * FROM UNNEST($24::text[], $25::text[], $26::bigint[], $27::bigint[]) \
+             SELECT * FROM UNNEST($27::text[], $28::text[], $29::bigint[], $30::bigint[]) \
              ON CONFLICT (principal_id, capability) DO UPDATE \
                  SET calls = excluded.calls, window_start = excluded.window_start) "
     };
@@ -1387,7 +1388,10 @@ async fn insert_audit(
             .bind(columns.visible_count)
             .bind(columns.visible)
             .bind(columns.door)
-            .bind(columns.first_decision_id);
+            .bind(columns.first_decision_id)
+            .bind(columns.arguments_digest)
+            .bind(columns.arguments)
+            .bind(columns.arguments_omitted);
         let query = match counters {
             Some(counters) => query
                 .bind(counters.principals)
@@ -1609,6 +1613,9 @@ struct AuditArrays {
     visible: Vec<Option<String>>,
     door: Vec<&'static str>,
     first_decision_id: Vec<Option<String>>,
+    arguments_digest: Vec<Option<String>>,
+    arguments: Vec<Option<String>>,
+    arguments_omitted: Vec<Option<i64>>,
 }
 
 impl AuditArrays {
@@ -1638,6 +1645,9 @@ impl AuditArrays {
             visible: Vec::with_capacity(n),
             door: Vec::with_capacity(n),
             first_decision_id: Vec::with_capacity(n),
+            arguments_digest: Vec::with_capacity(n),
+            arguments: Vec::with_capacity(n),
+            arguments_omitted: Vec::with_capacity(n),
         };
         for record in records {
             let integers = AuditIntegers::of(record)?;
@@ -1667,6 +1677,9 @@ impl AuditArrays {
                 visible,
                 door,
                 first_decision_id,
+                arguments_digest,
+                arguments,
+                arguments_omitted: _,
             } = record;
             columns.decision_id.push(decision_id.clone());
             columns.at.push(*at_ms);
@@ -1691,6 +1704,9 @@ impl AuditArrays {
             columns.visible.push(sql::join_visible(visible));
             columns.door.push(door.as_str());
             columns.first_decision_id.push(first_decision_id.clone());
+            columns.arguments_digest.push(arguments_digest.clone());
+            columns.arguments.push(arguments.clone());
+            columns.arguments_omitted.push(integers.arguments_omitted);
         }
         Ok(columns)
     }
@@ -1796,7 +1812,8 @@ mod plans {
                  principal_id TEXT, issuer TEXT, subject TEXT, capability TEXT, tool TEXT, account_id TEXT, \
                  limit_calls BIGINT, limit_per TEXT, usage_calls BIGINT, policy_version TEXT, \
                  policy_revision BIGINT, visible_count BIGINT, visible TEXT, door TEXT NOT NULL, \
-                 first_decision_id TEXT, PRIMARY KEY (decision_id, at))",
+                 first_decision_id TEXT, arguments_digest TEXT, arguments TEXT, arguments_omitted BIGINT, \
+                 PRIMARY KEY (decision_id, at))",
         )
         .execute(&mut *tx)
         .await
@@ -1868,11 +1885,11 @@ mod plans {
             let lines = plan(&mut tx, statement, "text[], text[]", keys).await;
             assert_by_key(&lines, &lines, statement);
         }
-        // The write-back: 23 parameters of the audit insert unused here, then the counters'.
-        let types = format!("{}text[], text[], bigint[], bigint[]", "int, ".repeat(23));
+        // The write-back: 26 parameters of the audit insert unused here, then the counters'.
+        let types = format!("{}text[], text[], bigint[], bigint[]", "int, ".repeat(26));
         let arguments = format!(
             "{}{keys}, ARRAY[2, 2]::bigint[], ARRAY[0, 0]::bigint[]",
-            "0, ".repeat(23)
+            "0, ".repeat(26)
         );
         let lines = plan(
             &mut tx,

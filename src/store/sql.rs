@@ -322,6 +322,9 @@ pub(super) struct AuditRow {
     visible: Option<String>,
     door: String,
     first_decision_id: Option<String>,
+    arguments_digest: Option<String>,
+    arguments: Option<String>,
+    arguments_omitted: Option<i64>,
 }
 
 impl AuditRow {
@@ -350,6 +353,9 @@ impl AuditRow {
             visible,
             door,
             first_decision_id,
+            arguments_digest,
+            arguments,
+            arguments_omitted,
         } = self;
         Ok(AuditRecord {
             decision_id,
@@ -377,6 +383,9 @@ impl AuditRow {
             visible: visible.as_deref().map(split_visible).unwrap_or_default(),
             door: to_typed(door, "door", Door::parse)?,
             first_decision_id,
+            arguments_digest,
+            arguments,
+            arguments_omitted: to_unsigned_opt(arguments_omitted, "arguments_omitted")?,
         })
     }
 }
@@ -393,7 +402,8 @@ fn split_visible(text: &str) -> Vec<String> {
 /// The columns of `audit_log`, in the order of [`AuditRow`].
 const AUDIT_COLUMNS: &str = "decision_id, at, request_id, gateway, kind, outcome, code, path, \
      principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, usage_calls, \
-     policy_version, policy_revision, visible_count, visible, door, first_decision_id";
+     policy_version, policy_revision, visible_count, visible, door, first_decision_id, arguments_digest, \
+     arguments, arguments_omitted";
 
 /// An audit record's integer columns as `BIGINT`s, checked before anything
 /// is written.
@@ -402,6 +412,7 @@ pub(super) struct AuditIntegers {
     pub(super) usage_calls: Option<i64>,
     pub(super) policy_revision: Option<i64>,
     pub(super) visible_count: Option<i64>,
+    pub(super) arguments_omitted: Option<i64>,
 }
 
 impl AuditIntegers {
@@ -412,6 +423,7 @@ impl AuditIntegers {
             usage_calls: opt(record.usage_calls, "usage_calls")?,
             policy_revision: opt(record.policy_revision, "policy_revision")?,
             visible_count: opt(record.visible_count, "visible_count")?,
+            arguments_omitted: opt(record.arguments_omitted, "arguments_omitted")?,
         })
     }
 }
@@ -780,6 +792,9 @@ mod tests {
             visible: None,
             door: "capgate".to_owned(),
             first_decision_id: None,
+            arguments_digest: None,
+            arguments: None,
+            arguments_omitted: None,
         }
     }
 

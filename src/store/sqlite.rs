@@ -200,14 +200,17 @@ async fn insert_audit(
             visible,
             door,
             first_decision_id,
+            arguments_digest,
+            arguments,
+            arguments_omitted: _,
         } = record;
         sqlx::query(
             "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
                  principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
                  usage_calls, policy_version, policy_revision, visible_count, visible, door, \
-                 first_decision_id) \
+                 first_decision_id, arguments_digest, arguments, arguments_omitted) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-                 $18, $19, $20, $21, $22, $23) \
+                 $18, $19, $20, $21, $22, $23, $24, $25, $26) \
              ON CONFLICT DO NOTHING",
         )
         .bind(decision_id)
@@ -233,6 +236,9 @@ async fn insert_audit(
         .bind(sql::join_visible(visible))
         .bind(door.as_str())
         .bind(first_decision_id)
+        .bind(arguments_digest)
+        .bind(arguments)
+        .bind(integers.arguments_omitted)
         .execute(&mut *tx)
         .await
         .during(operation)?;

@@ -492,6 +492,9 @@ mod tests {
             visible: Vec::new(),
             door: crate::store::Door::Capgate,
             first_decision_id: None,
+            arguments_digest: None,
+            arguments: None,
+            arguments_omitted: None,
         }
     }
 
