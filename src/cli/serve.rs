@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use crate::service::config::Connections;
 use crate::service::{
-    self, Config, ConfigError, ExtAuthzSettings, ForwardAuthSettings, PolicyFile, StartError, Tls, Token,
+    self, AuditArguments, Config, ConfigError, ExtAuthzSettings, ForwardAuthSettings, PolicyFile, StartError,
+    Tls, Token,
 };
 use crate::telemetry::{self, Telemetry, TelemetryError};
 
@@ -233,6 +234,28 @@ pub struct Args {
         hide_env_values = true
     )]
     pub forward_auth_request_id_header: Option<String>,
+    /// Keep the values of a tool call's arguments in each decision's audit record, not only
+    /// their digest: members whose names look sensitive (password, secret, token, key,
+    /// authorization, credential, cookie, session), and those named by `--audit-redact`, are
+    /// redacted; arguments over 16 KiB are kept as their digest only. Off by default.
+    #[arg(
+        long,
+        env = "CAPGATE_AUDIT_ARGUMENTS",
+        hide_env_values = true,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub audit_arguments: bool,
+    /// With `--audit-arguments`: redact this argument member too, by its whole name, in any
+    /// letter case; repeat for several.
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "CAPGATE_AUDIT_REDACT",
+        hide_env_values = true,
+        value_delimiter = ',',
+        requires = "audit_arguments"
+    )]
+    pub audit_redact: Vec<String>,
     /// The server's certificate chain (PEM): serve TLS.
     #[arg(
         long,
@@ -407,6 +430,19 @@ fn config(args: &Args, policy: Option<PolicyFile>) -> Result<Config, Failure> {
             .as_deref()
             .map(|name| header("--forward-auth-request-id-header", name))
             .transpose()?,
+    };
+    if let Some(empty) = args.audit_redact.iter().find(|name| name.trim().is_empty()) {
+        return Err(Failure::Usage(format!(
+            "`--audit-redact {empty}`: must name an argument member"
+        )));
+    }
+    config.audit_arguments = AuditArguments {
+        keep: args.audit_arguments,
+        redact: args
+            .audit_redact
+            .iter()
+            .map(|name| name.trim().to_lowercase())
+            .collect(),
     };
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         config.tls = Some(Tls {

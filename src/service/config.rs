@@ -56,6 +56,22 @@ pub struct Config {
     pub ext_authz: ExtAuthzSettings,
     /// How the forward-auth door reads a proxy's subrequest.
     pub forward_auth: ForwardAuthSettings,
+    /// What the audit trail keeps of a tool call's arguments (`--audit-arguments`,
+    /// `--audit-redact`).
+    pub audit_arguments: AuditArguments,
+}
+
+/// What a decision's audit record keeps of the call's arguments. Always their digest; their
+/// values only when the operator opts in (`serve --audit-arguments`), and then with every member
+/// whose name looks sensitive, or is named by `--audit-redact`, replaced by `"[redacted]"`
+/// (src/service/pipeline/arguments.rs).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditArguments {
+    /// Keep the (redacted) values, not only the digest.
+    pub keep: bool,
+    /// Member names redacted besides the built-in ones, lower-case: a member is redacted when its
+    /// name, lower-cased, equals one of them.
+    pub redact: Vec<String>,
 }
 
 /// How the forward-auth door reads a proxy's bodyless subrequest (`--forward-auth-*`;
@@ -152,6 +168,7 @@ impl Config {
             },
             ext_authz: ExtAuthzSettings::default(),
             forward_auth: ForwardAuthSettings::default(),
+            audit_arguments: AuditArguments::default(),
         }
     }
 

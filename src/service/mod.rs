@@ -59,7 +59,9 @@ use crate::wire::proto::policy_service_server::PolicyServiceServer;
 use active::{compile_text, Active, ActivePolicy, Compiled};
 use audit::{AuditOptions, AuditWriter};
 use auth::Tokens;
-pub use config::{Config, ConfigError, ExtAuthzSettings, ForwardAuthSettings, PolicyFile, Tls, Token};
+pub use config::{
+    AuditArguments, Config, ConfigError, ExtAuthzSettings, ForwardAuthSettings, PolicyFile, Tls, Token,
+};
 use connections::{Acceptor, StreamLayer};
 use grpc::decisions::Decisions;
 use grpc::ext_authz::ExtAuthz;
@@ -90,6 +92,8 @@ pub struct State<S: Store> {
     pub claim_wait: Duration,
     /// The `oidc` issuers' discovery documents and keys.
     pub oidc: Arc<OidcDirectory>,
+    /// What a decision's audit record keeps of the call's arguments.
+    pub audit_arguments: AuditArguments,
     /// Turns true when the server is told to stop: long-lived streams (`WatchPolicy`) end on it,
     /// so that draining does not wait for them.
     pub stopping: watch::Receiver<bool>,
@@ -303,6 +307,7 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
         idempotency: Idempotency::new(&request_key),
         claim_wait: config.store_timeout * 2 + config.audit_timeout + config.oidc.fetch_timeout,
         oidc,
+        audit_arguments: config.audit_arguments.clone(),
         stopping: stopped.clone(),
     });
 

@@ -64,11 +64,18 @@ impl Idempotency {
         }
     }
 
-    /// The request `ask` for `target`, keyed for the store.
-    pub(super) fn keyed(&self, ask: &Ask<'_>, request_id: &str, target: Target<'_>) -> Keyed {
+    /// The request `ask` for `target`, keyed for the store. `arguments`: the digest of the call's
+    /// arguments, when the door was given them (`arguments.rs`).
+    pub(super) fn keyed(
+        &self,
+        ask: &Ask<'_>,
+        request_id: &str,
+        target: Target<'_>,
+        arguments: Option<&str>,
+    ) -> Keyed {
         Keyed {
             key: key(ask.door, request_id).into_owned(),
-            fingerprint: fingerprint(&self.key, ask, target),
+            fingerprint: fingerprint(&self.key, ask, target, arguments),
         }
     }
 }
@@ -76,7 +83,12 @@ impl Idempotency {
 /// The fingerprint of a request: HMAC-SHA256 under the deployment's key of every part that makes
 /// it this request (docs/decisions/0027 §1), each part length-prefixed so that no two different
 /// requests encode alike. The credential enters only the digest; nothing of it is kept.
-fn fingerprint(key: &hmac::Key, ask: &Ask<'_>, target: Target<'_>) -> Fingerprint {
+///
+/// The call's arguments enter as the digest of their canonical JSON, so that a retry must carry
+/// the same arguments (in any member order) and the same id with other arguments is another
+/// request. They are the last part, and only when there are any: a request without arguments
+/// encodes as it did before arguments existed, so ids claimed by an older build still match.
+fn fingerprint(key: &hmac::Key, ask: &Ask<'_>, target: Target<'_>, arguments: Option<&str>) -> Fingerprint {
     let mut digest = Parts(hmac::Context::with_key(key));
     digest.text("capgate request v1");
     digest.text(ask.door.as_str());
@@ -125,6 +137,12 @@ fn fingerprint(key: &hmac::Key, ask: &Ask<'_>, target: Target<'_>) -> Fingerprin
     for (name, value) in &ask.retry_facts {
         digest.text(name);
         digest.text(value);
+    }
+    // INVARIANT: the last part. The facts before it are counted, so what follows them is told
+    // apart from them.
+    if let Some(arguments) = arguments {
+        digest.text("arguments");
+        digest.text(arguments);
     }
     let tag = digest.0.sign();
     let mut fingerprint = [0; 32];
@@ -362,10 +380,10 @@ mod tests {
         let other_gateway = gateway("other");
         let read = Target::Tool("helpdesk__get_ticket");
         let ana = || principal("ana", &[("dept", "support"), ("level", "senior")]);
-        let original = fingerprint(&key, &ask(&edge, ana()), read);
+        let original = fingerprint(&key, &ask(&edge, ana()), read, None);
         // The same request, its attributes in another order: the same request.
         let reordered = principal("ana", &[("level", "senior"), ("dept", "support")]);
-        assert_eq!(fingerprint(&key, &ask(&edge, reordered), read), original);
+        assert_eq!(fingerprint(&key, &ask(&edge, reordered), read, None), original);
 
         let api_key = |text| Asked::Credential {
             presented: Some(Presented::ApiKey(text)),
@@ -375,15 +393,15 @@ mod tests {
             ("another door", {
                 let mut asked = ask(&edge, ana());
                 asked.door = Door::Authzen;
-                fingerprint(&key, &asked, read)
+                fingerprint(&key, &asked, read, None)
             }),
             (
                 "another gateway",
-                fingerprint(&key, &ask(&other_gateway, ana()), read),
+                fingerprint(&key, &ask(&other_gateway, ana()), read, None),
             ),
             (
                 "another subject",
-                fingerprint(&key, &ask(&edge, principal("sam", &[])), read),
+                fingerprint(&key, &ask(&edge, principal("sam", &[])), read, None),
             ),
             (
                 "another attribute value",
@@ -394,15 +412,21 @@ mod tests {
                         principal("ana", &[("dept", "support"), ("level", "intern")]),
                     ),
                     read,
+                    None,
                 ),
             ),
             (
                 "fewer attributes",
-                fingerprint(&key, &ask(&edge, principal("ana", &[("dept", "support")])), read),
+                fingerprint(
+                    &key,
+                    &ask(&edge, principal("ana", &[("dept", "support")])),
+                    read,
+                    None,
+                ),
             ),
             (
                 "another tool",
-                fingerprint(&key, &ask(&edge, ana()), Target::Tool("helpdesk__comment")),
+                fingerprint(&key, &ask(&edge, ana()), Target::Tool("helpdesk__comment"), None),
             ),
             (
                 "a capability of the tool's name",
@@ -410,12 +434,16 @@ mod tests {
                     &key,
                     &ask(&edge, ana()),
                     Target::Capability("helpdesk__get_ticket"),
+                    None,
                 ),
             ),
-            ("an API key", fingerprint(&key, &ask(&edge, api_key("k-1")), read)),
+            (
+                "an API key",
+                fingerprint(&key, &ask(&edge, api_key("k-1")), read, None),
+            ),
             (
                 "another API key",
-                fingerprint(&key, &ask(&edge, api_key("k-2")), read),
+                fingerprint(&key, &ask(&edge, api_key("k-2")), read, None),
             ),
             (
                 "the key as a bearer token",
@@ -429,6 +457,7 @@ mod tests {
                         },
                     ),
                     read,
+                    None,
                 ),
             ),
             (
@@ -443,6 +472,7 @@ mod tests {
                         },
                     ),
                     read,
+                    None,
                 ),
             ),
             (
@@ -457,6 +487,7 @@ mod tests {
                         },
                     ),
                     read,
+                    None,
                 ),
             ),
             (
@@ -472,16 +503,35 @@ mod tests {
                         },
                     ),
                     read,
+                    None,
                 ),
             ),
+            (
+                "with arguments",
+                fingerprint(&key, &ask(&edge, ana()), read, Some("sha256:01")),
+            ),
+            (
+                "with other arguments",
+                fingerprint(&key, &ask(&edge, ana()), read, Some("sha256:02")),
+            ),
+            ("arguments and a door fact", {
+                let mut asked = ask(&edge, ana());
+                asked.retry_facts.push(("received", "1.5".to_owned()));
+                fingerprint(&key, &asked, read, Some("sha256:01"))
+            }),
+            ("a door fact that reads like arguments", {
+                let mut asked = ask(&edge, ana());
+                asked.retry_facts.push(("arguments", "sha256:01".to_owned()));
+                fingerprint(&key, &asked, read, None)
+            }),
             ("another door fact", {
                 let mut asked = ask(&edge, ana());
                 asked.retry_facts.push(("received", "1.5".to_owned()));
-                fingerprint(&key, &asked, read)
+                fingerprint(&key, &asked, read, None)
             }),
             (
                 "another deployment's key",
-                fingerprint(&key_of(8), &ask(&edge, ana()), read),
+                fingerprint(&key_of(8), &ask(&edge, ana()), read, None),
             ),
         ];
         others.push(("the original", original));
@@ -509,8 +559,8 @@ mod tests {
         });
         let target = Target::Capability("x");
         assert_ne!(
-            fingerprint(&key, &ask(&edge, one), target),
-            fingerprint(&key, &ask(&edge, two), target)
+            fingerprint(&key, &ask(&edge, one), target, None),
+            fingerprint(&key, &ask(&edge, two), target, None)
         );
     }
 

@@ -13,6 +13,7 @@
 //! [`Refusal`] when there is no answer to give. A door converts its protocol's request into an
 //! `Ask` and the answer into its protocol's response, and adds nothing else.
 
+mod arguments;
 mod idempotency;
 mod metering;
 mod record;
@@ -34,6 +35,7 @@ use super::auth::Gateway;
 use super::identify::{identify, Asked};
 use super::State;
 
+use arguments::Recorded;
 pub use idempotency::{Idempotency, CLAIM_LEASE_MS, IDEMPOTENCY_RETENTION_MS};
 use idempotency::{Keyed, Turn};
 
@@ -193,35 +195,42 @@ pub async fn decide<'a, S: Store>(
     target: Target<'a>,
     remember: &Remember,
 ) -> Result<Replied<'a>, Refusal> {
+    // Made once per request: the fingerprint and every record of the request take the digest.
+    let arguments = ask
+        .arguments
+        .as_deref()
+        .map(|arguments| Recorded::of(arguments, &state.audit_arguments));
+    let arguments = arguments.as_ref();
     let Some(request_id) = ask.request_id else {
-        return decide_once(state, active, &ask, target, None, remember)
+        return decide_once(state, active, &ask, target, arguments, None, remember)
             .await
             .map(Replied::Fresh);
     };
-    let keyed = state.idempotency.keyed(&ask, request_id, target);
+    let digest = arguments.map(|arguments| arguments.digest.as_str());
+    let keyed = state.idempotency.keyed(&ask, request_id, target, digest);
     // One decision per (gateway, request_id) at a time on this replica, so that a retry racing
     // its original waits for it here rather than polling the store.
     let _turn = state.idempotency.turn(&ask.gateway.name, &keyed.key).await;
     match idempotency::claim(state, &ask.gateway.name, &keyed).await? {
-        Turn::Decide => decide_once(state, active, &ask, target, Some(&keyed), remember)
+        Turn::Decide => decide_once(state, active, &ask, target, arguments, Some(&keyed), remember)
             .await
             .map(Replied::Fresh),
         Turn::Replay(original) if !(ask.replayable)(&original.response) => {
-            reused_id(state, active, &ask, target, Some(original.decision_id)).await?;
+            reused_id(state, active, &ask, target, arguments, Some(original.decision_id)).await?;
             Err(Refusal::RequestIdReused {
                 request_id: request_id.to_owned(),
                 reuse: Reuse::AllowGiven,
             })
         }
         Turn::Replay(original) => {
-            let record =
-                record::Base::new(&ask, active, crate::clock::now()).replayed(target, &original.decision_id);
+            let record = record::Base::new(&ask, active, crate::clock::now(), arguments)
+                .replayed(target, &original.decision_id);
             write(state, record).await?;
             telemetry::rpc::request_id(ask.door, telemetry::rpc::RequestIdUse::Replayed);
             Ok(Replied::Replayed(original.response))
         }
         Turn::Reused { first } => {
-            reused_id(state, active, &ask, target, first).await?;
+            reused_id(state, active, &ask, target, arguments, first).await?;
             Err(Refusal::RequestIdReused {
                 request_id: request_id.to_owned(),
                 reuse: Reuse::OtherRequest,
@@ -237,6 +246,7 @@ async fn reused_id<S: Store>(
     active: &Arc<Active>,
     ask: &Ask<'_>,
     target: Target<'_>,
+    arguments: Option<&Recorded>,
     first: Option<String>,
 ) -> Result<(), Refusal> {
     let at_ms = crate::clock::now();
@@ -247,7 +257,7 @@ async fn reused_id<S: Store>(
         // Who it was cannot be told now (an identity provider out of reach): recorded as asked.
         Err(_) => None,
     };
-    let record = record::Base::new(ask, active, at_ms).reused(identified.as_ref(), target, first);
+    let record = record::Base::new(ask, active, at_ms, arguments).reused(identified.as_ref(), target, first);
     write(state, record).await?;
     telemetry::rpc::request_id(ask.door, telemetry::rpc::RequestIdUse::Reused);
     Ok(())
@@ -258,12 +268,13 @@ async fn decide_once<'a, S: Store>(
     active: &'a Arc<Active>,
     ask: &Ask<'_>,
     target: Target<'a>,
+    arguments: Option<&Recorded>,
     keyed: Option<&Keyed>,
     remember: &Remember,
 ) -> Result<Answer<'a>, Refusal> {
     let at_ms = crate::clock::now();
     let identified = identify(&state.oidc, active, ask.gateway, &ask.caller, at_ms).await?;
-    let mut record = record::Base::new(ask, active, at_ms).decide(&identified, target);
+    let mut record = record::Base::new(ask, active, at_ms, arguments).decide(&identified, target);
     let principal = match identified.outcome {
         Ok(principal) => principal,
         Err(problem) => {
@@ -478,7 +489,8 @@ pub async fn list<'a, S: Store>(
 ) -> Result<Listing<'a>, Refusal> {
     let at_ms = crate::clock::now();
     let identified = identify(&state.oidc, active, ask.gateway, &ask.caller, at_ms).await?;
-    let mut record = record::Base::new(&ask, active, at_ms).list(&identified);
+    // A listing is about no call: it has no arguments.
+    let mut record = record::Base::new(&ask, active, at_ms, None).list(&identified);
     let decision_id = record.decision_id.clone();
     let principal = match &identified.outcome {
         Ok(principal) => principal,

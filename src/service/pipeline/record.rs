@@ -1,5 +1,7 @@
 //! The audit record of a decision or a listing, built in one place (docs/service.md): what was
-//! asked, who asked, what was decided and why. Never a credential, a secret or tool arguments.
+//! asked, who asked, what was decided and why. Never a credential or a secret; of a tool call's
+//! arguments, their digest, and their redacted values only where the operator opted in
+//! (`arguments.rs`).
 
 use capgate_core::access::VisibleCapability;
 use capgate_core::principals::{AuthProblem, Principal};
@@ -9,6 +11,7 @@ use crate::service::active::Active;
 use crate::service::identify::Identified;
 use crate::store::{AuditRecord, Door, RecordCode, RecordKind, RecordOutcome};
 
+use super::arguments::{Kept, Recorded};
 use super::{Ask, Metered, Target};
 
 /// What every record of one request shares.
@@ -19,10 +22,14 @@ pub(super) struct Base {
     door: Door,
     policy_version: String,
     policy_revision: u64,
+    /// What every record of the request keeps of its arguments, when it had some.
+    arguments: Option<Recorded>,
 }
 
 impl Base {
-    pub(super) fn new(ask: &Ask<'_>, active: &Active, at_ms: i64) -> Base {
+    /// `arguments`: what the request's records keep of the call's arguments
+    /// ([`Recorded::of`] on `ask.arguments`, made once per request).
+    pub(super) fn new(ask: &Ask<'_>, active: &Active, at_ms: i64, arguments: Option<&Recorded>) -> Base {
         Base {
             at_ms,
             request_id: ask.request_id.map(str::to_owned),
@@ -30,6 +37,7 @@ impl Base {
             door: ask.door,
             policy_version: active.version.clone(),
             policy_revision: active.revision,
+            arguments: arguments.cloned(),
         }
     }
 
@@ -78,6 +86,17 @@ impl Base {
 
     /// A record of `kind` by the caller `identified` (`None`: not known).
     fn record(&self, kind: RecordKind, identified: Option<&Identified>) -> AuditRecord {
+        let (arguments_digest, arguments, arguments_omitted) = match &self.arguments {
+            None => (None, None, None),
+            Some(Recorded { digest, kept }) => {
+                let (kept, omitted) = match kept {
+                    Kept::Nothing => (None, None),
+                    Kept::Redacted(text) => (Some(text.clone()), None),
+                    Kept::Omitted(bytes) => (None, Some(*bytes)),
+                };
+                (Some(digest.clone()), kept, omitted)
+            }
+        };
         AuditRecord {
             decision_id: Uuid::now_v7().to_string(),
             at_ms: self.at_ms,
@@ -89,6 +108,9 @@ impl Base {
             subject: identified.and_then(|identified| identified.subject.clone()),
             policy_version: Some(self.policy_version.clone()),
             policy_revision: Some(self.policy_revision),
+            arguments_digest,
+            arguments,
+            arguments_omitted,
             ..AuditRecord::default()
         }
     }
