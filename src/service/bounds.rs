@@ -22,6 +22,7 @@
 //! | `credential.issuer` | 512 bytes |
 //! | `tool`, `capability` | 512 bytes |
 //! | `request_id` | 128 bytes |
+//! | `arguments_json` | 64 KiB, and a JSON object |
 //! | `artifact`, `catalog` | 8 MiB each |
 //! | `comment` | 4096 bytes |
 //! | `ResetUsage`: `principal_id` | 1537 bytes (an issuer, `:`, a subject), required |
@@ -35,6 +36,7 @@
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
+use crate::service::pipeline::CallArguments;
 use crate::wire::proto::{
     credential, decide_request, list_visible_request, AssertedPrincipal, Credential, DecideRequest,
     ListVisibleRequest, NoteDecisionRequest, NoteKind, PublishPolicyRequest, ResetUsageRequest,
@@ -49,6 +51,8 @@ pub const MAX_ATTRIBUTE_VALUE: usize = 1024;
 pub const MAX_CREDENTIAL: usize = crate::identity::MAX_CREDENTIAL_BYTES;
 pub const MAX_TARGET: usize = 512;
 pub const MAX_REQUEST_ID: usize = 128;
+/// A `Decide`'s `arguments_json`: a tool call's arguments, as JSON text.
+pub const MAX_ARGUMENTS_JSON: usize = 64 * 1024;
 pub const MAX_ARTIFACT: usize = capgate_core::policy::document::MAX_ARTIFACT_BYTES;
 pub const MAX_CATALOG: usize = capgate_core::policy::document::MAX_ARTIFACT_BYTES;
 pub const MAX_COMMENT: usize = 4096;
@@ -89,6 +93,11 @@ impl Check {
                 format!("{} bytes, more than the limit of {limit}", value.len()),
             ));
         }
+    }
+
+    /// A value that is not what the field holds; `problem` never quotes it.
+    fn invalid(&mut self, field: &str, problem: String) {
+        self.violations.push(FieldViolation::new(field, problem));
     }
 
     fn count(&mut self, field: &str, count: usize, limit: usize, noun: &str) {
@@ -199,7 +208,7 @@ pub fn decide(request: &DecideRequest) -> Result<(), Status> {
         caller,
         target,
         request_id,
-        arguments_json: _,
+        arguments_json,
     } = request;
     let mut check = Check::default();
     match caller {
@@ -215,7 +224,40 @@ pub fn decide(request: &DecideRequest) -> Result<(), Status> {
         None => check.required("target", false, "a `tool` or a `capability`"),
     }
     check.text(|| "request_id".into(), request_id, MAX_REQUEST_ID);
+    if let Some(arguments) = arguments_json {
+        // Its content is read by [`arguments`], once every bound holds.
+        check.length("arguments_json", arguments, MAX_ARGUMENTS_JSON);
+    }
     check.finish()
+}
+
+/// A `Decide`'s `arguments_json` (within its bound: [`decide`] checked it), read: a JSON object,
+/// or `INVALID_ARGUMENT` naming the field. The message says what is wrong and where, never what
+/// the text holds (serde_json's messages name a line and a column, not the input).
+pub fn arguments(text: &str) -> Result<CallArguments, Status> {
+    let mut check = Check::default();
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(arguments)) => return Ok(arguments),
+        Ok(other) => {
+            let kind = match other {
+                serde_json::Value::Null => "null",
+                serde_json::Value::Bool(_) => "a boolean",
+                serde_json::Value::Number(_) => "a number",
+                serde_json::Value::String(_) => "a string",
+                serde_json::Value::Array(_) => "an array",
+                serde_json::Value::Object(_) => "an object",
+            };
+            check.invalid(
+                "arguments_json",
+                format!("{kind}, not a JSON object: a tool call's arguments are an object"),
+            );
+        }
+        Err(error) => check.invalid("arguments_json", format!("not JSON: {error}")),
+    }
+    Err(check
+        .finish()
+        .err()
+        .unwrap_or_else(|| Status::invalid_argument("`arguments_json`: not a JSON object")))
 }
 
 pub fn list_visible(request: &ListVisibleRequest) -> Result<(), Status> {
@@ -355,6 +397,51 @@ mod tests {
         assert_eq!(fields(&status), ["credential.api_key"]);
         assert!(status.message().contains("U+0000"), "{status:?}");
         assert!(!format!("{status:?}").contains("sec"), "{status:?}");
+    }
+
+    #[test]
+    fn arguments_must_be_a_json_object_within_the_bound() {
+        let request = |arguments: String| DecideRequest {
+            caller: principal("ana", Vec::new()),
+            target: Some(decide_request::Target::Tool("t".into())),
+            request_id: String::new(),
+            arguments_json: Some(arguments),
+        };
+        // At the bound: a string member padded to exactly 64 KiB.
+        let at = format!("{{\"a\":\"{}\"}}", "x".repeat(MAX_ARGUMENTS_JSON - 8));
+        assert_eq!(at.len(), MAX_ARGUMENTS_JSON);
+        assert!(decide(&request(at.clone())).is_ok());
+        assert_eq!(arguments(&at).expect("an object").len(), 1);
+        let over = format!("{{\"a\":\"{}\"}}", "x".repeat(MAX_ARGUMENTS_JSON - 7));
+        let status = decide(&request(over)).unwrap_err();
+        assert_eq!(fields(&status), ["arguments_json"]);
+        assert!(
+            status.message().starts_with("`arguments_json`: 65537 bytes"),
+            "{status:?}"
+        );
+
+        for (text, says) in [
+            ("{\"amount\": 5", "not JSON: EOF while parsing an object"),
+            ("[1, 2]", "an array, not a JSON object"),
+            ("\"secret-ish\"", "a string, not a JSON object"),
+            ("null", "null, not a JSON object"),
+            ("{} {}", "not JSON: trailing characters"),
+        ] {
+            let status = arguments(text).unwrap_err();
+            assert_eq!(status.code(), Code::InvalidArgument);
+            assert_eq!(fields(&status), ["arguments_json"], "{text}");
+            assert!(
+                status.message().starts_with(&format!("`arguments_json`: {says}")),
+                "{text}: {status:?}"
+            );
+            assert!(!status.message().contains("secret-ish"), "{status:?}");
+        }
+        // Nested past serde_json's recursion limit: refused, not a stack overflow.
+        let deep = format!("{{\"a\":{}{}}}", "[".repeat(10_000), "]".repeat(10_000));
+        assert!(arguments(&deep)
+            .unwrap_err()
+            .message()
+            .contains("recursion limit"));
     }
 
     #[test]

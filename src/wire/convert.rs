@@ -238,8 +238,10 @@ pub fn tool(tool: &ToolDescriptor, reached_by: Option<&Transport>) -> proto::Too
 }
 
 /// A listed tool; its input schema as JSON text (the command line's JSON
-/// conversion of catalog values, so both say the same thing).
-pub fn visible_tool(tool: &ToolDescriptor) -> proto::VisibleTool {
+/// conversion of catalog values, so both say the same thing). `conditional` when its capability
+/// is listed conditional: every grant that shows it carries conditions, so a call may still be
+/// denied on its arguments or instant.
+pub fn visible_tool(tool: &ToolDescriptor, conditional: bool) -> proto::VisibleTool {
     let ToolDescriptor {
         exposed_name,
         upstream,
@@ -258,7 +260,7 @@ pub fn visible_tool(tool: &ToolDescriptor) -> proto::VisibleTool {
             .as_ref()
             .map(|schema| super::plain::json(schema).to_string())
             .unwrap_or_default(),
-        conditional: false,
+        conditional,
     }
 }
 

@@ -3,6 +3,7 @@
 //! metadata, checks the input bounds, converts the request into an [`Ask`], and the pipeline's
 //! answer into the response message. The decision itself is taken in `pipeline/`.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use prost::Message;
@@ -43,13 +44,19 @@ impl<S: Store> DecisionService for Decisions<S> {
         let gateway = self.state.tokens.authorize(request.metadata(), Role::Gateway)?;
         let request = request.into_inner();
         bounds::decide(&request)?;
-        let active = pipeline::current(&self.state).map_err(super::status)?;
         let DecideRequest {
             caller,
             target,
             request_id,
-            arguments_json: _,
+            arguments_json,
         } = &request;
+        // Read only when sent: a call without arguments pays nothing for them.
+        let arguments = arguments_json
+            .as_deref()
+            .map(bounds::arguments)
+            .transpose()?
+            .map(Arc::new);
+        let active = pipeline::current(&self.state).map_err(super::status)?;
         let target = match target {
             Some(decide_request::Target::Tool(name)) => Target::Tool(name),
             Some(decide_request::Target::Capability(capability)) => Target::Capability(capability),
@@ -67,7 +74,7 @@ impl<S: Store> DecisionService for Decisions<S> {
             request_id: (!request_id.is_empty()).then_some(request_id.as_str()),
             door: Door::Capgate,
             retry_facts: Vec::new(),
-            arguments: None,
+            arguments,
             replayable: pipeline::every_answer,
         };
         let encode: Remember = Arc::new(|answer: &Answer<'_>| response(answer).encode_to_vec());
@@ -285,27 +292,41 @@ fn listed(listing: &Listing<'_>) -> ListVisibleResponse {
             problem: convert::auth_problem(*problem).into(),
             message: problem.describe().to_owned(),
         }),
-        Ok(seen) => list_visible_response::Result::Visible(Visible {
-            capabilities: seen
+        Ok(seen) => {
+            // A tool is conditional when its capability is: every grant that shows it has
+            // conditions, which a listing does not evaluate.
+            let conditional: HashSet<&str> = seen
                 .capabilities
                 .iter()
-                .map(|item| VisibleCapability {
-                    capability: item.capability.id.clone(),
-                    account: Some(proto::Account {
-                        id: item.account.id.clone(),
-                        secret_ref: active
-                            .policy
-                            .account(&item.account.id)
-                            .map_or(String::new(), |account| account.secret_ref.as_str().to_owned()),
-                    }),
-                    limits: item.limits.map(convert::ceiling),
-                    path: item.path.to_owned(),
-                    decision_id: decision_id.clone(),
-                    conditional: item.conditional,
-                })
-                .collect(),
-            tools: seen.tools.iter().copied().map(convert::visible_tool).collect(),
-        }),
+                .filter(|item| item.conditional)
+                .map(|item| item.capability.id.as_str())
+                .collect();
+            list_visible_response::Result::Visible(Visible {
+                capabilities: seen
+                    .capabilities
+                    .iter()
+                    .map(|item| VisibleCapability {
+                        capability: item.capability.id.clone(),
+                        account: Some(proto::Account {
+                            id: item.account.id.clone(),
+                            secret_ref: active
+                                .policy
+                                .account(&item.account.id)
+                                .map_or(String::new(), |account| account.secret_ref.as_str().to_owned()),
+                        }),
+                        limits: item.limits.map(convert::ceiling),
+                        path: item.path.to_owned(),
+                        decision_id: decision_id.clone(),
+                        conditional: item.conditional,
+                    })
+                    .collect(),
+                tools: seen
+                    .tools
+                    .iter()
+                    .map(|tool| convert::visible_tool(tool, conditional.contains(tool.capability.as_str())))
+                    .collect(),
+            })
+        }
     };
     ListVisibleResponse {
         policy_version: active.version.clone(),
