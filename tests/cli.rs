@@ -1584,8 +1584,14 @@ fn the_example_suite_passes_and_covers_the_whole_policy() {
     assert_eq!(document["coverage"][0]["percent"], 100.0);
     assert_eq!(document["coverage"][0]["uncovered"], json!([]));
     // The refunds suite runs with it, and covers its policy's conditions too.
-    assert_eq!(document["suites"][1]["file"], "examples/refunds.capgate-test.yaml");
-    assert_eq!(document["coverage"][1]["policy"]["origin"], "examples/refunds.yaml");
+    assert_eq!(
+        document["suites"][1]["file"],
+        "examples/refunds.capgate-test.yaml"
+    );
+    assert_eq!(
+        document["coverage"][1]["policy"]["origin"],
+        "examples/refunds.yaml"
+    );
     assert_eq!(document["coverage"][1]["percent"], 100.0);
     // Every kind of case is there, each at its own line of the test file.
     let cases = document["suites"][0]["cases"].as_array().expect("cases");

@@ -208,7 +208,10 @@ grants:
         );
         let compiled = compile(text.as_bytes(), None);
         let diagnostics: Vec<&str> = compiled.diagnostics.iter().map(|d| d.message.as_str()).collect();
-        compiled.policy.expect(&diagnostics.join("; ")).ruleset
+        compiled
+            .policy
+            .unwrap_or_else(|| panic!("{}", diagnostics.join("; ")))
+            .ruleset
     }
 
     #[test]
