@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 from dataclasses import dataclass
@@ -85,7 +86,9 @@ def check_result(expect: dict[str, Any], answer: Any) -> None:
             assert answer.message.startswith(want["message_prefix"]), answer.message
         if "message_contains" in want:
             assert want["message_contains"] in answer.message, answer.message
-        if data.get("code") not in ("unauthenticated", "capgate_unavailable") or "decision_id" in data:
+        # Refusals made before any decision (or without one) carry no decision_id.
+        undecided = ("unauthenticated", "capgate_unavailable", "arguments_too_large")
+        if data.get("code") not in undecided or "decision_id" in data:
             assert data.get("decision_id"), f"no decision_id: {transcript(answer)}"
         if want.get("retry_after"):
             assert isinstance(data.get("retry_after_seconds"), int) and data["retry_after_seconds"] > 0, transcript(answer)
@@ -105,6 +108,9 @@ def check_result(expect: dict[str, Any], answer: Any) -> None:
             if key in expect:
                 tool = next(t for t in answer.tools if t.name == expect[key]["tool"])
                 assert tool.input_schema == expect[key]["equals"], tool.input_schema
+        for name, description in expect.get("descriptions", {}).items():
+            tool = next(t for t in answer.tools if t.name == name)
+            assert tool.description == description, f"{name}: {tool.description!r} != {description!r}"
         return
     assert not answer.is_error, f"the upstream reported an error: {transcript(answer)}"
     text = text_of(answer)
@@ -112,11 +118,33 @@ def check_result(expect: dict[str, Any], answer: Any) -> None:
         assert text == expect["text"], f"{text!r} != {expect['text']!r}"
     if "text_contains" in expect:
         assert expect["text_contains"] in text, text
+    if "text_length" in expect:
+        assert len(text) == expect["text_length"], f"{len(text)} characters, expected {expect['text_length']}"
+
+
+def call_arguments(call: dict[str, Any]) -> dict[str, Any] | None:
+    """A case's `call.arguments`, or for `arguments_bytes: N` {"text": "xx…"}, N bytes as compact JSON."""
+    if "arguments_bytes" in call:
+        filler = call["arguments_bytes"] - len('{"text":""}')
+        return {"text": "x" * filler}
+    return call.get("arguments")
+
+
+def canonical_digest(value: Any) -> str:
+    """`sha256:<hex>` of `value` as capgate digests a call's arguments: members sorted by name, no
+    whitespace, non-ASCII as UTF-8."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def check_audit(expect: dict[str, Any], rows: list[dict[str, Any]], caller: Caller, answer: Any) -> None:
     kind = expect.get("kind", "decide")
     candidates = [r for r in rows if r.get("kind") == kind]
+    if expect.get("none"):
+        # Refused by the gateway itself: capgate was not asked, so nothing names this caller.
+        mine = [r for r in candidates if caller.subject and r.get("subject") == caller.subject]
+        assert not mine, f"capgate recorded a refused call: {mine}"
+        return
     decision_id = (answer.data or {}).get("decision_id") if isinstance(answer, MCPError) else None
     if decision_id:
         candidates = [r for r in candidates if r.get("decision_id") == decision_id]
@@ -131,6 +159,8 @@ def check_audit(expect: dict[str, Any], rows: list[dict[str, Any]], caller: Call
     for key, value in expect.items():
         if key in ("kind", "note"):
             continue
+        if isinstance(value, dict) and set(value) == {"of"}:
+            value = canonical_digest(value["of"])
         assert row.get(key) == value, f"audit {key} = {row.get(key)!r}, expected {value!r}: {row}"
     assert row.get("gateway") == "scenario-gw", row
     if "note" in expect:

@@ -9,7 +9,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from harness import mcp_client
-from scenario import Case, cases, check_audit, check_result, expand, mint_caller, transcript
+from scenario import Case, call_arguments, cases, check_audit, check_result, expand, mint_caller, transcript
 
 PARAMS = [pytest.param(case, transport, id=f"{case.name}-{transport}") for case in cases() for transport in case.transports]
 
@@ -39,7 +39,7 @@ def test_case(gateway, case: Case, transport: str) -> None:  # noqa: ANN001 - a 
                 try:
                     if spec.get("list"):
                         return await client.list_tools()
-                    return await client.call_tool(spec["call"]["tool"], spec["call"].get("arguments"))
+                    return await client.call_tool(spec["call"]["tool"], call_arguments(spec["call"]))
                 except MCPError as error:
                     return error
 

@@ -2,7 +2,8 @@
 
 `whoami` answers the SHA-256 (hex) of `MCP_UPSTREAM_CREDENTIAL`, so a scenario can check
 that the gateway passed the allowed account's secret and that the secret itself never
-travels back. `echo` returns its argument, to check arguments are relayed unchanged. The
+travels back. `echo` returns its argument, to check arguments are relayed unchanged; `refund`
+says what it was asked, for the conditions capgate puts on its arguments. The
 resource `probe://whoami` and the prompt `greet` are what a gateway relays besides tools
 (`--relay`); this server speaks 2026-07-28, where server-everything speaks the handshake.
 """
@@ -40,6 +41,12 @@ def greet(name: str) -> str:
 def echo(text: str) -> str:
     """Returns `text` as given."""
     return text
+
+
+@server.tool()
+def refund(amount: float = 0, currency: str = "") -> str:
+    """Says what it was asked to refund (the scenarios grant it on conditions on both arguments)."""
+    return f"refunded {amount:g} {currency}"
 
 
 if __name__ == "__main__":

@@ -162,6 +162,91 @@ describe("against capgate serve", () => {
   });
 });
 
+// Conditions (a version 2 policy): support refunds at most 100, as `reader`.
+const CONDITIONAL_POLICY = `version: 2
+capabilities:
+  - id: billing.refund
+upstreams:
+  - id: pay
+    transport: { kind: mcp-stdio, command: pay-mcp }
+    tools:
+      - { name: refund, capability: billing.refund }
+accounts:
+  - id: reader
+    secret: { ref: "env://READER_TOKEN" }
+principals:
+  issuers:
+    - id: keys
+      kind: static-key
+      subject: batch
+      secret: { ref: "env://CLIENT_TEST_KEY" }
+      attributes: { role: batch }
+grants:
+  - to: { issuer: keys }
+    capabilities: [billing.refund]
+    using: reader
+    when:
+      - { argument: amount, at_most: 100 }
+`;
+const CONDITIONAL_CATALOG = `version: 1
+tools:
+  - upstream: pay
+    name: refund
+    inputSchema: { type: object, properties: { amount: { type: number } } }
+`;
+
+describe("conditions, against capgate serve", () => {
+  let capgate: Capgate;
+  let client: CapgateClient;
+  before(async () => {
+    capgate = await startCapgate({ policy: CONDITIONAL_POLICY, catalog: CONDITIONAL_CATALOG, env: { CLIENT_TEST_KEY: KEY } });
+    client = createCapgateClient({ url: capgate.url, gatewayToken: capgate.gatewayToken });
+  });
+  after(async () => {
+    client?.close();
+    await capgate?.stop();
+  });
+
+  test("the arguments sent are decided on: within the condition an allow, over it condition_failed", async () => {
+    const allow = await client.decide({ caller, tool: "pay__refund", argumentsJson: '{"amount":40}' });
+    assert.equal(allow.result.kind, "allow");
+    const deny = await client.decide({ caller, tool: "pay__refund", argumentsJson: '{"amount":150}' });
+    assert.equal(deny.result.kind, "deny");
+    if (deny.result.kind !== "deny") return;
+    assert.equal(deny.result.reason.code, "condition_failed");
+    assert.equal(deny.result.reason.pointer, "/grants/0/when/0");
+    assert.equal(deny.result.reason.subject, "amount");
+  });
+
+  test("arguments not sent, or without the argument, are arguments_missing", async () => {
+    for (const argumentsJson of [undefined, "{}"]) {
+      const answer = await client.decide({ caller, tool: "pay__refund", ...(argumentsJson !== undefined && { argumentsJson }) });
+      assert.equal(answer.result.kind, "deny", String(argumentsJson));
+      if (answer.result.kind !== "deny") return;
+      assert.equal(answer.result.reason.code, "arguments_missing");
+      assert.equal(answer.result.reason.pointer, "/grants/0/when/0");
+    }
+  });
+
+  test("arguments over 64 KiB are INVALID_ARGUMENT naming arguments_json", async () => {
+    const argumentsJson = JSON.stringify({ amount: 1, pad: "x".repeat(64 * 1024) });
+    await assert.rejects(client.decide({ caller, tool: "pay__refund", argumentsJson }), (error: unknown) => {
+      assert.ok(error instanceof CapgateError);
+      assert.equal(error.code, "invalid_argument");
+      assert.ok(error.fieldViolations.some((v) => v.field === "arguments_json"), JSON.stringify(error.fieldViolations));
+      return true;
+    });
+  });
+
+  test("the listing marks the tool and its capability conditional", async () => {
+    const listing = await client.listVisible({ caller });
+    assert.equal(listing.result.kind, "visible");
+    if (listing.result.kind !== "visible") return;
+    assert.deepEqual(listing.result.tools.map((t) => [t.exposedName, t.conditional]), [["pay__refund", true]]);
+    assert.equal(listing.result.capabilities[0]?.conditional, true);
+  });
+});
+
 describe("without a capgate", () => {
   test("nothing listening is UNAVAILABLE", async () => {
     const closed = await listen(() => undefined);

@@ -34,9 +34,10 @@ const STDIO_UPSTREAMS = ["probe", "probe-file", "probe-gcp", "probe-metered", "p
 
 function policyYaml(discovery: string, webUrl: string, downUrl: string, secretFile: string, extraGrants = ""): string {
   const stdio = `{ kind: mcp-stdio, command: ${JSON.stringify(process.execPath)}, args: [${JSON.stringify(UPSTREAM)}] }`;
-  return `version: 1
+  return `version: 2
 capabilities:
   - { id: probe.env }
+  - { id: probe.refund }
   - { id: probe.file }
   - { id: probe.gcp }
   - { id: probe.metered }
@@ -50,6 +51,7 @@ upstreams:
       - { name: whoami, capability: probe.env }
       - { name: pid, capability: probe.env }
       - { name: echo, capability: probe.env }
+      - { name: refund, capability: probe.refund }
       - { name: fail, capability: probe.env }
 ${STDIO_UPSTREAMS.slice(1)
   .map((id) => `  - id: ${id}\n    transport: ${stdio}\n    tools:\n      - { name: whoami, capability: ${id.replace("probe-", "probe.")} }\n`)
@@ -86,13 +88,30 @@ grants:
   - { to: { issuer: idp, attributes: { dept: support } }, capabilities: [web.read], using: acct-web }
   - { to: { issuer: idp, attributes: { dept: finance } }, capabilities: [probe.finance], using: acct-env }
   - { to: { issuer: keys }, capabilities: [probe.env], using: acct-env }
+  - to: { issuer: idp, attributes: { dept: support } }
+    capabilities: [probe.refund]
+    using: acct-env
+    when:
+      - { argument: amount, at_most: 100 }
+      - { argument: currency, in: [EUR, USD] }
 ${extraGrants}`;
 }
 
 function catalogYaml(): string {
   const tools = [
     ...["whoami", "pid", "fail"].map((name) => ({ upstream: "probe", name })),
-    { upstream: "probe", name: "echo", description: "Echo the text", schema: true },
+    {
+      upstream: "probe",
+      name: "echo",
+      description: "Echo the text",
+      schema: "{ type: object, properties: { text: { type: string } }, required: [text] }",
+    },
+    {
+      upstream: "probe",
+      name: "refund",
+      description: "Refund an amount",
+      schema: "{ type: object, properties: { amount: { type: number }, currency: { type: string } } }",
+    },
     ...STDIO_UPSTREAMS.slice(1).map((upstream) => ({ upstream, name: "whoami" })),
     { upstream: "web", name: "whoami" },
     { upstream: "down", name: "whoami" },
@@ -102,9 +121,7 @@ function catalogYaml(): string {
       (t) =>
         `  - upstream: ${t.upstream}\n    name: ${t.name}\n` +
         ("description" in t ? `    description: ${t.description}\n` : "") +
-        ("schema" in t
-          ? "    inputSchema: { type: object, properties: { text: { type: string } }, required: [text] }\n"
-          : ""),
+        ("schema" in t ? `    inputSchema: ${t.schema}\n` : ""),
     )
     .join("")}`;
 }
@@ -313,6 +330,45 @@ describe("gateway end to end", () => {
     assert.equal(limits.code, "limit_exhausted");
     assert.ok(Number.isInteger(limits.retry_after_seconds) && Number(limits.retry_after_seconds) > 0);
     assert.ok(!Number.isNaN(Date.parse(String(limits.resets_at))));
+  });
+
+  test("conditions: each call's arguments are decided on, and the listing says the tool is conditional", async () => {
+    const client = await connect(ana, "modern");
+    const { tools } = await client.listTools();
+    assert.equal(
+      tools.find((t) => t.name === "probe__refund")?.description,
+      "Refund an amount (Calls may be refused depending on their arguments or time.)",
+    );
+    assert.equal(tools.find((t) => t.name === "probe__echo")?.description, "Echo the text");
+
+    const refund = (args?: Record<string, unknown>) =>
+      client.callTool({ name: "probe__refund", ...(args !== undefined && { arguments: args }) });
+    assert.equal(text(await refund({ amount: 40, currency: "EUR" })), "refunded 40 EUR");
+    const over = await rejection(refund({ amount: 150, currency: "EUR" }));
+    assert.equal(over.code, -32001);
+    assert.match(over.message, /^denied: condition_failed: /);
+    assert.equal((over.data as Data).code, "condition_failed");
+    assert.equal((over.data as Data).pointer, "/grants/8/when/0");
+    const missing = await rejection(refund({ amount: 40 }));
+    assert.match(missing.message, /^denied: arguments_missing: /);
+    assert.equal((missing.data as Data).pointer, "/grants/8/when/1");
+    // No `arguments` at all is `{}` to capgate: the first argument is missing, not the arguments.
+    const none = await rejection(refund());
+    assert.equal((none.data as Data).code, "arguments_missing");
+    assert.equal((none.data as Data).pointer, "/grants/8/when/0");
+  });
+
+  test("arguments over 64 KiB are refused -32602 before capgate is asked; 64 KiB are decided", async () => {
+    const client = await connect(ana, "legacy");
+    // {"text":"…"} is 11 bytes around the text.
+    const atTheBound = "x".repeat(64 * 1024 - 11);
+    assert.equal(text(await client.callTool({ name: "probe__echo", arguments: { text: atTheBound } })), atTheBound);
+    const before = (await capgate.audit()).length;
+    const refused = await rejection(client.callTool({ name: "probe__echo", arguments: { text: `${atTheBound}x` } }));
+    assert.equal(refused.code, -32602);
+    assert.match(refused.message, /^denied: arguments_too_large: the call's arguments are 65537 bytes/);
+    assert.deepEqual(Object.keys(refused.data as Data).sort(), ["code", "message"]);
+    assert.equal((await capgate.audit()).length, before, "capgate was asked about arguments over the bound");
   });
 
   test("an unauthenticated caller is refused with the problem", async () => {

@@ -5,7 +5,8 @@
 //! a secret: `whoami` answers the SHA-256 of the credential it was given
 //! (`MCP_UPSTREAM_CREDENTIAL` on stdio, the bearer token over HTTP), `pid`
 //! its process id (to see sessions reused), `echo` its `text` argument,
-//! `fail` a JSON-RPC error of its own.
+//! `refund` what it was asked to refund (its `amount` and `currency`), `fail`
+//! a JSON-RPC error of its own.
 
 import { createHash } from "node:crypto";
 import { createServer } from "node:http";
@@ -19,7 +20,7 @@ const sha256 = (text: string) => createHash("sha256").update(text).digest("hex")
 function build(credentialOf: (token: string | undefined) => string): Server {
   const server = new Server({ name: "test-upstream", version: "1.0.0" }, { capabilities: { tools: {} } });
   server.setRequestHandler("tools/list", async () => ({
-    tools: ["whoami", "pid", "echo", "fail"].map((name) => ({ name, inputSchema: { type: "object" as const } })),
+    tools: ["whoami", "pid", "echo", "refund", "fail"].map((name) => ({ name, inputSchema: { type: "object" as const } })),
   }));
   server.setRequestHandler("tools/call", async (request, ctx) => {
     const text = (t: string) => ({ content: [{ type: "text" as const, text: t }] });
@@ -30,6 +31,8 @@ function build(credentialOf: (token: string | undefined) => string): Server {
         return text(String(process.pid));
       case "echo":
         return text(String(request.params.arguments?.text ?? ""));
+      case "refund":
+        return text(`refunded ${String(request.params.arguments?.amount)} ${String(request.params.arguments?.currency)}`);
       case "fail":
         throw new ProtocolError(-32099, "the upstream refuses", { why: "asked to" });
       default:
