@@ -67,29 +67,7 @@ enum Kind {
     Postgres,
 }
 
-macro_rules! on_both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Kind::Sqlite).await;
-                }
-            )*
-        }
-
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Kind::Postgres).await;
-                }
-            )*
-        }
-    };
-}
-
-on_both_stores! {
+crate::on_both_stores! {
     refunds_are_decided_on_their_arguments,
     malformed_arguments_are_refused_and_hold_up_nobody,
     a_request_id_answers_only_for_its_arguments,

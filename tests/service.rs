@@ -51,31 +51,7 @@ enum Kind {
     Postgres,
 }
 
-macro_rules! on_both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Kind::Sqlite).await;
-                }
-            )*
-        }
-
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    if super::support::postgres::server_url().is_some() {
-                        super::$name(super::Kind::Postgres).await;
-                    }
-                }
-            )*
-        }
-    };
-}
-
-on_both_stores! {
+crate::on_both_stores! {
     invalid_artifacts_are_refused_with_positions_and_not_stored,
     a_lost_answer_is_noted_only_where_the_record_says_otherwise,
     publish_dry_run_identical_conflict_list_and_rollback,

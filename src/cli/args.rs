@@ -206,7 +206,7 @@ impl CallArguments {
             Some(text) => object_from(text)?,
         };
         for CallArg { path, value } in &self.args {
-            set(&mut arguments, path, value.clone());
+            capgate_core::access::set_argument(&mut arguments, path, value.clone());
         }
         Ok(Some(arguments))
     }
@@ -250,27 +250,6 @@ fn kind_of(value: &Value) -> &'static str {
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
     }
-}
-
-/// Sets `value` at `path`, making objects of what lies in the way.
-fn set(arguments: &mut Map<String, Value>, path: &[String], value: Value) {
-    let Some((last, parents)) = path.split_last() else {
-        return;
-    };
-    let mut at = arguments;
-    for segment in parents {
-        let entry = at
-            .entry(segment.clone())
-            .or_insert_with(|| Value::Object(Map::new()));
-        if !entry.is_object() {
-            *entry = Value::Object(Map::new());
-        }
-        let Value::Object(members) = entry else {
-            return;
-        };
-        at = members;
-    }
-    at.insert(last.clone(), value);
 }
 
 /// One `--arg PATH=VALUE`.

@@ -18,6 +18,35 @@ pub mod postgres;
 pub mod process;
 pub mod proxy;
 
+/// Runs each scenario `async fn name(kind: Kind)` of the test file once per store, as
+/// `sqlite::name` and `postgres::name` (the latter does nothing without a PostgreSQL server; see
+/// `postgres::server_url`). The file declares `enum Kind { Sqlite, Postgres }` and invokes
+/// `crate::on_both_stores! { name, … }`.
+#[macro_export]
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Kind::Sqlite).await;
+                }
+            )*
+        }
+
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if super::support::postgres::server_url().is_some() {
+                        super::$name(super::Kind::Postgres).await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -414,7 +414,7 @@ pub fn witness(conditions: &[Condition], integers: &[&str]) -> Option<(Map<Strin
             })
             .collect();
         let value = witness_value(&ops, integers.contains(&path.written.as_str()))?;
-        insert(&mut arguments, &path.segments, value);
+        set_argument(&mut arguments, &path.segments, value);
     }
     let windows: Vec<&Window> = conditions
         .iter()
@@ -429,7 +429,9 @@ pub fn witness(conditions: &[Condition], integers: &[&str]) -> Option<(Map<Strin
     all_hold.then_some((arguments, at))
 }
 
-fn insert(arguments: &mut Map<String, Value>, segments: &[String], value: Value) {
+/// Sets `value` at the path `segments` of `arguments`, making objects of what lies in the way:
+/// how a witness, and the command line's `--arg order.total=10`, build arguments.
+pub fn set_argument(arguments: &mut Map<String, Value>, segments: &[String], value: Value) {
     let Some((last, parents)) = segments.split_last() else {
         return;
     };

@@ -19,8 +19,8 @@ mod ruleset;
 mod who_can;
 
 pub use conditions::{
-    clock, day_number, first_failing, parse_clock, witness, ArgumentPath, Arguments, Condition, Kind,
-    Literal, Op, Outcome, Test, Window, DAY_NAMES, EVERY_DAY,
+    clock, day_number, first_failing, parse_clock, set_argument, witness, ArgumentPath, Arguments, Condition,
+    Kind, Literal, Op, Outcome, Test, Window, DAY_NAMES, EVERY_DAY,
 };
 pub use decision::{Allow, Decision, Reason, ReasonCode};
 pub use diff::{effective_diff, representatives, Change, ChangeKind, Side, Summary};
