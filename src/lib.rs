@@ -10,10 +10,12 @@
 //! * [`store`] — the store port and its PostgreSQL and SQLite implementations.
 //! * [`identity`] — turning a caller's own credential into an issuer, subject and attributes.
 //! * [`telemetry`] — logs, traces and metrics.
+//! * [`changes`] — how two decisions about one request differ (replay and shadow versions).
 //!
 //! Everything here may touch the world — files, the clock, the network; the core never does and
 //! receives what it needs from here as data.
 
+pub mod changes;
 pub mod cli;
 pub mod clock;
 pub mod identity;

@@ -41,14 +41,15 @@ const PURE_DEPENDENCIES: &[&str] = &[
 /// `main.rs` is the process edge and may import anything; `lib.rs` only declares the rooms.
 const ROOMS: &[(&str, &str)] = &[
     ("clock", ""),
+    ("changes", ""),
     ("wire", "clock"),
     ("store", "clock"),
     ("identity", "clock"),
-    ("telemetry", "wire store clock"),
-    ("service", "wire store identity telemetry clock"),
-    ("cli", "service wire store identity telemetry clock"),
+    ("telemetry", "wire store changes clock"),
+    ("service", "wire store identity telemetry changes clock"),
+    ("cli", "service wire store identity telemetry changes clock"),
     ("lib", ""),
-    ("main", "cli service wire store identity telemetry clock"),
+    ("main", "cli service wire store identity telemetry changes clock"),
 ];
 
 // ---------------------------------------------------------------------------------------------------

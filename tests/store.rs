@@ -1090,6 +1090,8 @@ async fn audit_records_round_trip<S: Store>(store: S) {
         arguments_digest: Some(format!("sha256:{:064x}", 7)),
         arguments: Some(r#"{"amount":50,"password":"[redacted]"}"#.to_owned()),
         arguments_omitted: Some(20_000),
+        // The principal's attributes, which replay decides the record again on.
+        attributes: Some(r#"{"dept":"support","tier":"gold"}"#.to_owned()),
     };
     // A listing's one record: how many capabilities it showed, and which (here all of them).
     let listing = AuditRecord {
@@ -2094,6 +2096,7 @@ mod postgres_only {
             arguments_digest: None,
             arguments: None,
             arguments_omitted: None,
+            attributes: None,
         });
         for row in &rows {
             insert_at_0001(&pool, row).await;

@@ -260,6 +260,8 @@ fn line(record: &AuditRecord) -> String {
         arguments_digest,
         arguments,
         arguments_omitted,
+        // In `--json`: the line names the principal by its id, which its attributes do not change.
+        attributes: _,
     } = record;
     let who = principal_id.clone().unwrap_or_else(|| {
         format!(

@@ -547,6 +547,13 @@ pub struct AuditRecord {
     /// record keeps (16 KiB), so only their digest was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arguments_omitted: Option<u64>,
+    /// The normalised principal's attributes the decision or listing was taken on, as a JSON
+    /// object of strings (sorted by name); with `issuer` and `subject`, what `capgate replay`
+    /// decides the record again on. Never credential material: the core's principal holds none.
+    /// `None` on records written before it was kept, which replay reports as not replayable.
+    /// In the JSON form, the object itself.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "json_text")]
+    pub attributes: Option<String>,
 }
 
 /// A JSON text held as a `String` and written out as the JSON value it is: a record's kept

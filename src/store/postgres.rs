@@ -1284,7 +1284,7 @@ async fn partitions(
         .collect())
 }
 
-/// The audit insert: one array per column, `$1` to `$26`. Without a conflict
+/// The audit insert: one array per column, `$1` to `$27`. Without a conflict
 /// target: the primary key is `(decision_id, at)` since the table is
 /// partitioned (migration 0002), and a replayed record carries the `at` it
 /// was made with, so it conflicts and is skipped.
@@ -1293,17 +1293,17 @@ macro_rules! insert_audit_rows {
         "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
              principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
              usage_calls, policy_version, policy_revision, visible_count, visible, door, \
-             first_decision_id, arguments_digest, arguments, arguments_omitted) \
+             first_decision_id, arguments_digest, arguments, arguments_omitted, attributes) \
          SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], \
              $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], \
              $12::text[], $13::text[], $14::text[], $15::bigint[], $16::text[], $17::bigint[], \
              $18::text[], $19::bigint[], $20::bigint[], $21::text[], $22::text[], $23::text[], \
-             $24::text[], $25::text[], $26::bigint[]) \
+             $24::text[], $25::text[], $26::bigint[], $27::text[]) \
          ON CONFLICT DO NOTHING"
     };
 }
 
-/// Writes back a batch's counters (`$27` to `$30`, the changed ones) ([`WriteBack`]); the start
+/// Writes back a batch's counters (`$28` to `$31`, the changed ones) ([`WriteBack`]); the start
 /// of a statement, a `WITH` clause.
 ///
 /// An upsert rather than `UPDATE … FROM UNNEST(…)`: every row is there (locked), and the conflict
@@ -1317,7 +1317,7 @@ macro_rules! insert_audit_rows {
 macro_rules! write_back_counters {
     () => {
         "WITH written AS (INSERT INTO usage_counters AS c (principal_id, capability, calls, window_start) \
-             SELECT * FROM UNNEST($27::text[], $28::text[], $29::bigint[], $30::bigint[]) \
+             SELECT * FROM UNNEST($28::text[], $29::text[], $30::bigint[], $31::bigint[]) \
              ON CONFLICT (principal_id, capability) DO UPDATE \
                  SET calls = excluded.calls, window_start = excluded.window_start) "
     };
@@ -1391,7 +1391,8 @@ async fn insert_audit(
             .bind(columns.first_decision_id)
             .bind(columns.arguments_digest)
             .bind(columns.arguments)
-            .bind(columns.arguments_omitted);
+            .bind(columns.arguments_omitted)
+            .bind(columns.attributes);
         let query = match counters {
             Some(counters) => query
                 .bind(counters.principals)
@@ -1616,6 +1617,7 @@ struct AuditArrays {
     arguments_digest: Vec<Option<String>>,
     arguments: Vec<Option<String>>,
     arguments_omitted: Vec<Option<i64>>,
+    attributes: Vec<Option<String>>,
 }
 
 impl AuditArrays {
@@ -1648,6 +1650,7 @@ impl AuditArrays {
             arguments_digest: Vec::with_capacity(n),
             arguments: Vec::with_capacity(n),
             arguments_omitted: Vec::with_capacity(n),
+            attributes: Vec::with_capacity(n),
         };
         for record in records {
             let integers = AuditIntegers::of(record)?;
@@ -1680,6 +1683,7 @@ impl AuditArrays {
                 arguments_digest,
                 arguments,
                 arguments_omitted: _,
+                attributes,
             } = record;
             columns.decision_id.push(decision_id.clone());
             columns.at.push(*at_ms);
@@ -1707,6 +1711,7 @@ impl AuditArrays {
             columns.arguments_digest.push(arguments_digest.clone());
             columns.arguments.push(arguments.clone());
             columns.arguments_omitted.push(integers.arguments_omitted);
+            columns.attributes.push(attributes.clone());
         }
         Ok(columns)
     }
@@ -1813,7 +1818,7 @@ mod plans {
                  limit_calls BIGINT, limit_per TEXT, usage_calls BIGINT, policy_version TEXT, \
                  policy_revision BIGINT, visible_count BIGINT, visible TEXT, door TEXT NOT NULL, \
                  first_decision_id TEXT, arguments_digest TEXT, arguments TEXT, arguments_omitted BIGINT, \
-                 PRIMARY KEY (decision_id, at))",
+                 attributes TEXT, PRIMARY KEY (decision_id, at))",
         )
         .execute(&mut *tx)
         .await
@@ -1885,11 +1890,11 @@ mod plans {
             let lines = plan(&mut tx, statement, "text[], text[]", keys).await;
             assert_by_key(&lines, &lines, statement);
         }
-        // The write-back: 26 parameters of the audit insert unused here, then the counters'.
-        let types = format!("{}text[], text[], bigint[], bigint[]", "int, ".repeat(26));
+        // The write-back: 27 parameters of the audit insert unused here, then the counters'.
+        let types = format!("{}text[], text[], bigint[], bigint[]", "int, ".repeat(27));
         let arguments = format!(
             "{}{keys}, ARRAY[2, 2]::bigint[], ARRAY[0, 0]::bigint[]",
-            "0, ".repeat(26)
+            "0, ".repeat(27)
         );
         let lines = plan(
             &mut tx,

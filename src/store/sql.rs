@@ -325,6 +325,7 @@ pub(super) struct AuditRow {
     arguments_digest: Option<String>,
     arguments: Option<String>,
     arguments_omitted: Option<i64>,
+    attributes: Option<String>,
 }
 
 impl AuditRow {
@@ -356,6 +357,7 @@ impl AuditRow {
             arguments_digest,
             arguments,
             arguments_omitted,
+            attributes,
         } = self;
         Ok(AuditRecord {
             decision_id,
@@ -386,6 +388,7 @@ impl AuditRow {
             arguments_digest,
             arguments,
             arguments_omitted: to_unsigned_opt(arguments_omitted, "arguments_omitted")?,
+            attributes,
         })
     }
 }
@@ -403,7 +406,7 @@ fn split_visible(text: &str) -> Vec<String> {
 const AUDIT_COLUMNS: &str = "decision_id, at, request_id, gateway, kind, outcome, code, path, \
      principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, usage_calls, \
      policy_version, policy_revision, visible_count, visible, door, first_decision_id, arguments_digest, \
-     arguments, arguments_omitted";
+     arguments, arguments_omitted, attributes";
 
 /// An audit record's integer columns as `BIGINT`s, checked before anything
 /// is written.
@@ -795,6 +798,7 @@ mod tests {
             arguments_digest: None,
             arguments: None,
             arguments_omitted: None,
+            attributes: None,
         }
     }
 

@@ -203,14 +203,15 @@ async fn insert_audit(
             arguments_digest,
             arguments,
             arguments_omitted: _,
+            attributes,
         } = record;
         sqlx::query(
             "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
                  principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
                  usage_calls, policy_version, policy_revision, visible_count, visible, door, \
-                 first_decision_id, arguments_digest, arguments, arguments_omitted) \
+                 first_decision_id, arguments_digest, arguments, arguments_omitted, attributes) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-                 $18, $19, $20, $21, $22, $23, $24, $25, $26) \
+                 $18, $19, $20, $21, $22, $23, $24, $25, $26, $27) \
              ON CONFLICT DO NOTHING",
         )
         .bind(decision_id)
@@ -239,6 +240,7 @@ async fn insert_audit(
         .bind(arguments_digest)
         .bind(arguments)
         .bind(integers.arguments_omitted)
+        .bind(attributes)
         .execute(&mut *tx)
         .await
         .during(operation)?;

@@ -495,6 +495,7 @@ mod tests {
             arguments_digest: None,
             arguments: None,
             arguments_omitted: None,
+            attributes: None,
         }
     }
 

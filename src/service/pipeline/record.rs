@@ -130,9 +130,16 @@ pub(super) fn unauthenticated(record: &mut AuditRecord, problem: AuthProblem) {
     record.code = Some(RecordCode::Problem(problem));
 }
 
-/// The caller is this principal.
+/// The caller is this principal: its id, and its attributes, which with the issuer and subject
+/// already recorded are what `capgate replay` decides the record again on.
 pub(super) fn principal(record: &mut AuditRecord, principal: &Principal) {
     record.principal_id = Some(principal.id.clone());
+    record.attributes = Some(attributes_json(principal));
+}
+
+/// A principal's attributes as a JSON object, sorted by name (they are a `BTreeMap`).
+fn attributes_json(principal: &Principal) -> String {
+    serde_json::to_string(&principal.attributes).expect("a map of strings is JSON")
 }
 
 /// The tool asked for (already in `record.tool`) is not in the catalog.
@@ -173,6 +180,7 @@ pub(super) fn listed(record: &mut AuditRecord, principal: &Principal, seen: &[Vi
     record.principal_id = Some(principal.id.clone());
     record.issuer = Some(principal.issuer.clone());
     record.subject = Some(principal.subject.clone());
+    record.attributes = Some(attributes_json(principal));
     record.visible_count = Some(seen.len() as u64);
     record.visible = bounded_ids(seen.iter().map(|item| item.capability.id.as_str()));
 }
