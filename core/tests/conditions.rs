@@ -48,6 +48,41 @@ const MONDAY_MORNING: Instant = 1_783_326_600_000;
 const MONDAY_EVENING: Instant = MONDAY_MORNING + 8 * 3_600_000 + 30 * 60_000;
 
 #[test]
+fn a_call_reads_its_arguments_when_a_matching_grant_has_a_condition_on_one() {
+    let policy = refunds();
+    let rules = &policy.ruleset;
+    // Support's refund grant tests `amount` and `currency`; finance's has no condition.
+    assert!(rules
+        .prepare(&staff("support"))
+        .reads_arguments("billing.refund.create"));
+    assert!(!rules
+        .prepare(&staff("finance"))
+        .reads_arguments("billing.refund.create"));
+    // Engineering's release grant tests `environment`; nobody else's grant names it.
+    assert!(rules
+        .prepare(&staff("engineering"))
+        .reads_arguments("deploy.release.approve"));
+    assert!(!rules
+        .prepare(&staff("support"))
+        .reads_arguments("deploy.release.approve"));
+    assert!(!rules.prepare(&staff("support")).reads_arguments("not.declared"));
+    // A grant with only a time condition reads no argument.
+    let timed = String::from_utf8_lossy(include_bytes!("../../examples/refunds.yaml")).replace(
+        "      - argument: amount               # /grants/0/when/0\n        at_most: 100\n      - argument: currency             # /grants/0/when/1\n        in: [EUR, USD]\n",
+        "",
+    );
+    assert!(
+        !timed.contains("argument: amount"),
+        "the example's conditions moved"
+    );
+    let compiled = compile(timed.as_bytes(), None).policy.expect("it compiles");
+    assert!(!compiled
+        .ruleset
+        .prepare(&staff("support"))
+        .reads_arguments("billing.refund.create"));
+}
+
+#[test]
 fn the_refunds_example_decides_as_the_guide_says() {
     let policy = refunds();
     let rules = &policy.ruleset;

@@ -2,7 +2,7 @@
 //! structural default — every early exit is a denial with its reason, and
 //! reaching the allow means passing every step.
 
-use super::conditions::{first_failing, Arguments, Outcome};
+use super::conditions::{first_failing, Arguments, Outcome, Test};
 use super::index::{Interned, Order};
 use super::limits::{replaces, Rate};
 use super::{Allow, Decision, Grant, Instant, Reason, ReasonCode, Ruleset, Usage};
@@ -74,6 +74,31 @@ impl<'r> Prepared<'r> {
 
     pub fn ruleset(&self) -> &'r Ruleset {
         self.ruleset
+    }
+
+    /// Whether a call of `capability` may be decided on its arguments: some grant that matches
+    /// the principal and names the capability has a condition on an argument. When none has,
+    /// any arguments (or none) give the same decision, so a call whose arguments are not known
+    /// can still be decided exactly (`capgate replay` on a record that kept only their digest).
+    pub fn reads_arguments(&self, capability: &str) -> bool {
+        let Some((index, declared)) = self.ruleset.capability(capability) else {
+            return false;
+        };
+        if !declared.realized {
+            return false;
+        }
+        let grants = self.ruleset.grants();
+        let mut reads = false;
+        self.ruleset
+            .index()
+            .visit_matching(index, &self.interned, &mut |g: usize, _: Order| {
+                reads = grants[g]
+                    .conditions
+                    .iter()
+                    .any(|condition| matches!(condition.test, Test::Argument { .. }));
+                reads
+            });
+        reads
     }
 
     /// The decision for the capability declared at `index`, as `evaluate` on
