@@ -161,6 +161,34 @@ impl Store for Flaky {
     fn list_policies(&self, limit: u32) -> impl Future<Output = StoreResult<Vec<StoredPolicy>>> + Send {
         self.inner.list_policies(limit)
     }
+    fn shadow_policy(&self) -> impl Future<Output = StoreResult<Option<store::Shadow>>> + Send {
+        self.inner.shadow_policy()
+    }
+    fn set_shadow(
+        &self,
+        revision: Option<u64>,
+        by: &store::Actor,
+    ) -> impl Future<Output = StoreResult<bool>> + Send {
+        self.inner.set_shadow(revision, by)
+    }
+    fn publish_shadow(&self, new: NewPolicy) -> impl Future<Output = StoreResult<StoredPolicy>> + Send {
+        self.inner.publish_shadow(new)
+    }
+    fn shadow_differences(
+        &self,
+        filter: &store::ShadowFilter,
+    ) -> impl Future<Output = StoreResult<Vec<AuditRecord>>> + Send {
+        self.inner.shadow_differences(filter)
+    }
+    fn shadow_counts(
+        &self,
+        filter: &store::ShadowFilter,
+    ) -> impl Future<Output = StoreResult<Vec<store::ShadowCount>>> + Send {
+        self.inner.shadow_counts(filter)
+    }
+    fn prune_shadow(&self, before_ms: i64) -> impl Future<Output = StoreResult<u64>> + Send {
+        self.inner.prune_shadow(before_ms)
+    }
     fn policy_changed(&self) -> impl Future<Output = StoreResult<()>> + Send {
         self.inner.policy_changed()
     }

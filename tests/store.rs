@@ -1092,6 +1092,7 @@ async fn audit_records_round_trip<S: Store>(store: S) {
         arguments_omitted: Some(20_000),
         // The principal's attributes, which replay decides the record again on.
         attributes: Some(r#"{"dept":"support","tier":"gold"}"#.to_owned()),
+        shadow: None,
     };
     // A listing's one record: how many capabilities it showed, and which (here all of them).
     let listing = AuditRecord {
@@ -2097,6 +2098,7 @@ mod postgres_only {
             arguments: None,
             arguments_omitted: None,
             attributes: None,
+            shadow: None,
         });
         for row in &rows {
             insert_at_0001(&pool, row).await;

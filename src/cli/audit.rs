@@ -262,6 +262,8 @@ fn line(record: &AuditRecord) -> String {
         arguments_omitted,
         // In `--json`: the line names the principal by its id, which its attributes do not change.
         attributes: _,
+        // Read by `capgate policies shadow report`; a queried record never has one.
+        shadow: _,
     } = record;
     let who = principal_id.clone().unwrap_or_else(|| {
         format!(

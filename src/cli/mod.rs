@@ -220,6 +220,7 @@ impl Command {
                 | policies::Command::Diff { json, .. }
                 | policies::Command::History { json, .. }
                 | policies::Command::Activate { json, .. } => *json,
+                policies::Command::Shadow(shadow) => shadow.command.json(),
             },
             Command::Usage(args) => match &args.command {
                 Some(usage::Command::Reset(reset)) => reset.json,

@@ -1,8 +1,11 @@
-//! `capgate policies list|show|diff|history|activate`: the stored versions, one of them as
-//! published, the effective diff of two, who changed the active one and when, and rolling back
-//! (or forward) to one of them — all through the server (`--server URL`, an admin token).
+//! `capgate policies list|show|diff|history|activate|shadow`: the stored versions, one of them as
+//! published, the effective diff of two, who changed the active one and when, rolling back
+//! (or forward) to one of them, and a shadow version (`shadow.rs`) — all through the server
+//! (`--server URL`, an admin token) but the shadow's report, read from the store.
 //! `activate` prints the effective diff it caused; `diff` compiles both stored revisions here and
 //! reports as `capgate diff` does.
+
+mod shadow;
 
 use std::fmt::Write as _;
 
@@ -102,6 +105,9 @@ pub enum Command {
         #[command(flatten)]
         server: Server,
     },
+    /// A version evaluated beside the active one on live traffic, never changing an answer:
+    /// set, clear, show it, and report where it decided otherwise.
+    Shadow(shadow::Args),
 }
 
 pub fn run(args: &Args) -> Result<Outcome, Failure> {
@@ -127,6 +133,7 @@ pub fn run(args: &Args) -> Result<Outcome, Failure> {
             json,
             server,
         } => activate(*revision, *expected_revision, *json, server),
+        Command::Shadow(args) => shadow::run(args),
     }
 }
 
@@ -159,11 +166,17 @@ fn list(limit: u32, as_json: bool, server: &Server) -> Result<Outcome, Failure> 
             comment,
             created_at,
             active,
+            shadow,
         } = version;
         let created = created_at
             .as_ref()
             .map_or_else(String::new, |at| clock::format(convert::millis(at)));
-        let mark = if *active { "*" } else { " " };
+        // `*` the active version, `s` the shadow one.
+        let mark = match (*active, *shadow) {
+            (true, _) => "*",
+            (false, true) => "s",
+            (false, false) => " ",
+        };
         let line = format!("{mark} {revision:>5}  {created:24}  {version}  {author}  {comment}");
         let _ = writeln!(out, "{}", line.trim_end());
     }
@@ -179,11 +192,13 @@ fn version_json(version: &PolicyVersion) -> serde_json::Value {
         comment,
         created_at,
         active,
+        shadow,
     } = version;
     serde_json::json!({
         "revision": revision,
         "version": version,
         "active": active,
+        "shadow": shadow,
         "author": author,
         "comment": comment,
         "created_at": created_at.as_ref().map(|at| clock::format(convert::millis(at))),

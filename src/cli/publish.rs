@@ -1,6 +1,9 @@
-//! `capgate publish FILE [--catalog F] [--dry-run] [--comment C]
+//! `capgate publish FILE [--catalog F] [--dry-run | --shadow] [--comment C]
 //! [--expected-revision N] --server URL`: sends the artifact to the server,
-//! which compiles it with the same compiler as `validate`.
+//! which compiles it with the same compiler as `validate`. With `--shadow` the
+//! version is stored as the shadow one: evaluated beside the active version on
+//! live traffic, its differences recorded, no answer changed
+//! (docs/decisions/0035).
 //!
 //! Rejected: stdout carries the diagnostics as `validate` prints them (the
 //! server's, rendered against the local file), exit 1. Accepted: the
@@ -29,8 +32,12 @@ pub struct Args {
     #[arg(long, value_name = "F")]
     pub catalog: Option<PathBuf>,
     /// Compile and diff on the server; store nothing.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "shadow")]
     pub dry_run: bool,
+    /// Store it as the shadow version instead of activating it: every replica evaluates it
+    /// beside the active one and records where it decides otherwise (`policies shadow report`).
+    #[arg(long)]
+    pub shadow: bool,
     /// Free text stored with the version.
     #[arg(long, value_name = "C", default_value = "", hide_default_value = true)]
     pub comment: String,
@@ -64,6 +71,7 @@ pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
         expected_active_revision: args.expected_revision,
         dry_run: args.dry_run,
         comment: args.comment.clone(),
+        shadow: args.shadow,
     };
     let answer = runtime()?.block_on(async {
         let connection = args.server.connect().await.map_err(Err)?;
@@ -76,13 +84,13 @@ pub fn run(args: &Args, inputs: &mut Inputs<'_>) -> Result<Outcome, Failure> {
             .map_err(|status| conflict_or_failure(&status))
     });
     match answer {
-        Ok(response) if args.json => Ok(report_json(&source, args.dry_run, &response.into_inner())),
-        Ok(response) => Ok(report(&source, args.dry_run, &response.into_inner())),
+        Ok(response) if args.json => Ok(report_json(&source, args, &response.into_inner())),
+        Ok(response) => Ok(report(&source, args, &response.into_inner())),
         Err(refused) => refused,
     }
 }
 
-fn report(source: &Source, dry_run: bool, response: &PublishPolicyResponse) -> Outcome {
+fn report(source: &Source, args: &Args, response: &PublishPolicyResponse) -> Outcome {
     let PublishPolicyResponse {
         accepted,
         revision,
@@ -112,8 +120,14 @@ fn report(source: &Source, dry_run: bool, response: &PublishPolicyResponse) -> O
         let _ = writeln!(stdout, "unchanged: revision {revision} already is {version}");
         return Outcome::stdout(stdout, Exit::Done);
     }
-    if dry_run {
+    if args.dry_run {
         let _ = writeln!(stdout, "dry run: {version} compiles; nothing was stored");
+    } else if args.shadow {
+        let _ = writeln!(
+            stdout,
+            "published: revision {revision} ({version}) is the shadow version; the active one still \
+             answers (what the shadow would change, as `capgate diff` shows it, below)"
+        );
     } else {
         let _ = writeln!(stdout, "published: revision {revision} ({version}) is active");
     }
@@ -124,7 +138,8 @@ fn report(source: &Source, dry_run: bool, response: &PublishPolicyResponse) -> O
 
 /// The outcome as JSON: `{"policy", "accepted", "dry_run", "unchanged", "revision",
 /// "diagnostics", "changes"}`; exit 1 when the artifact does not compile, as in the human form.
-fn report_json(source: &Source, dry_run: bool, response: &PublishPolicyResponse) -> Outcome {
+fn report_json(source: &Source, args: &Args, response: &PublishPolicyResponse) -> Outcome {
+    let dry_run = args.dry_run;
     let PublishPolicyResponse {
         accepted,
         revision,
@@ -155,6 +170,7 @@ fn report_json(source: &Source, dry_run: bool, response: &PublishPolicyResponse)
         "policy": {"origin": source.origin, "version": version},
         "accepted": accepted,
         "dry_run": dry_run,
+        "shadow": args.shadow,
         "unchanged": unchanged,
         "revision": (*accepted && (!dry_run || *unchanged)).then_some(*revision),
         "diagnostics": diagnostics,

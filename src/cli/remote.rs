@@ -205,7 +205,7 @@ pub fn status_failure(status: &Status) -> Failure {
     Failure::Input(format!("{what}: {}", status.message()))
 }
 
-/// `50ms`, `2s`, `1m` or a plain number of milliseconds.
+/// `50ms`, `2s`, `1m`, `12h`, `7d` or a plain number of milliseconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
         Some(at) => text.split_at(at),
@@ -213,12 +213,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     };
     let amount: u64 = digits
         .parse()
-        .map_err(|_| "expected a duration such as `50ms`, `2s` or `1m`".to_owned())?;
+        .map_err(|_| "expected a duration such as `50ms`, `2s`, `1m` or `7d`".to_owned())?;
     let millis = match unit {
         "ms" => Some(amount),
         "s" => amount.checked_mul(1000),
         "m" => amount.checked_mul(60_000),
-        _ => return Err(format!("unknown unit `{unit}`: use `ms`, `s` or `m`")),
+        "h" => amount.checked_mul(3_600_000),
+        "d" => amount.checked_mul(86_400_000),
+        _ => return Err(format!("unknown unit `{unit}`: use `ms`, `s`, `m`, `h` or `d`")),
     };
     millis
         .map(Duration::from_millis)

@@ -87,6 +87,10 @@ pub struct Args {
     /// How often the active version is re-read besides notifications.
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration, env = "CAPGATE_POLL_INTERVAL", hide_env_values = true)]
     pub poll_interval: Duration,
+    /// How long the differences a shadow policy version records are kept (`policies shadow
+    /// report` reads them); older ones are deleted every hour.
+    #[arg(long, value_name = "DURATION", default_value = "7d", value_parser = parse_duration, env = "CAPGATE_SHADOW_RETENTION", hide_env_values = true)]
+    pub shadow_retention: Duration,
     /// How long an audit commit may take before the batch goes to the spool.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration, env = "CAPGATE_AUDIT_TIMEOUT", hide_env_values = true)]
     pub audit_timeout: Duration,
@@ -369,6 +373,7 @@ fn config(args: &Args, policy: Option<PolicyFile>) -> Result<Config, Failure> {
     config.policy = policy;
     config.store_timeout = args.store_timeout;
     config.poll_interval = args.poll_interval;
+    config.shadow_retention = args.shadow_retention;
     config.audit_timeout = args.audit_timeout;
     config.audit_spool = args.audit_spool.clone();
     config.audit_batch = args.audit_batch;

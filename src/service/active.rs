@@ -133,10 +133,13 @@ impl Drop for ReturnFreedMemory {
     }
 }
 
-/// This replica's active version, shared by every request.
+/// This replica's active version, shared by every request, and the shadow version evaluated beside
+/// it (docs/decisions/0035).
 #[derive(Clone)]
 pub struct ActivePolicy {
     current: Arc<watch::Sender<Option<Arc<Active>>>>,
+    /// The shadow version: read from the store with the active pointer, on every refresh.
+    shadow: Arc<watch::Sender<Option<Arc<Active>>>>,
     refreshing: Arc<Mutex<()>>,
     health: Health,
 }
@@ -155,8 +158,10 @@ pub enum RefreshError {
 impl ActivePolicy {
     pub fn new(health: Health) -> Self {
         let (current, _) = watch::channel(None);
+        let (shadow, _) = watch::channel(None);
         ActivePolicy {
             current: Arc::new(current),
+            shadow: Arc::new(shadow),
             refreshing: Arc::new(Mutex::new(())),
             health,
         }
@@ -167,21 +172,77 @@ impl ActivePolicy {
         self.current.borrow().clone()
     }
 
+    /// The shadow version, if one is set and differs from the active one.
+    pub fn shadow(&self) -> Option<Arc<Active>> {
+        self.shadow.borrow().clone()
+    }
+
     /// Watches installations (for tests and start-up logs).
     pub fn subscribe(&self) -> watch::Receiver<Option<Arc<Active>>> {
         self.current.subscribe()
     }
 
     /// Re-reads the store's active pointer and installs that version when it
-    /// is not the one installed. `candidate` is a version this replica just
-    /// compiled (its own publish): used instead of compiling again when it is
-    /// the one the store names.
+    /// is not the one installed, then does the same for the shadow pointer.
+    /// `candidate` is a version this replica just compiled (its own publish):
+    /// used instead of compiling again when it is the one the store names.
     pub async fn refresh<S: Store>(
         &self,
         store: &S,
         candidate: Option<Arc<Active>>,
     ) -> Result<Option<Arc<Active>>, RefreshError> {
         let _serialised = self.refreshing.lock().await;
+        let active = self.refresh_active(store, candidate.clone()).await?;
+        self.refresh_shadow(store, candidate).await?;
+        Ok(active)
+    }
+
+    /// Installs the shadow version the store names, or none. A shadow that this build cannot
+    /// compile is logged and not evaluated: it never keeps the active version from being served.
+    async fn refresh_shadow<S: Store>(
+        &self,
+        store: &S,
+        candidate: Option<Arc<Active>>,
+    ) -> Result<(), RefreshError> {
+        let stored = store.shadow_policy().await?.map(|shadow| shadow.policy);
+        let installed = self.shadow();
+        let next = match stored {
+            None => None,
+            Some(stored)
+                if installed
+                    .as_ref()
+                    .is_some_and(|shadow| shadow.revision == stored.revision) =>
+            {
+                return Ok(());
+            }
+            Some(stored) => match candidate.filter(|candidate| candidate.revision == stored.revision) {
+                Some(candidate) => Some(candidate),
+                None => match compile_stored(stored).await {
+                    Ok(shadow) => Some(Arc::new(shadow)),
+                    Err(error) => {
+                        tracing::warn!(%error, "the shadow version is not evaluated");
+                        None
+                    }
+                },
+            },
+        };
+        if installed.as_ref().map(|shadow| shadow.revision) != next.as_ref().map(|shadow| shadow.revision) {
+            tracing::info!(
+                revision = next.as_ref().map(|shadow| shadow.revision),
+                previous = installed.as_ref().map(|shadow| shadow.revision),
+                "shadow policy version"
+            );
+            crate::telemetry::metrics().shadow_installed(next.as_ref().map(|shadow| shadow.revision));
+            self.shadow.send_replace(next);
+        }
+        Ok(())
+    }
+
+    async fn refresh_active<S: Store>(
+        &self,
+        store: &S,
+        candidate: Option<Arc<Active>>,
+    ) -> Result<Option<Arc<Active>>, RefreshError> {
         let stored = store.active_policy().await?;
         let installed = self.current();
         let Some(stored) = stored else {

@@ -307,6 +307,7 @@ pub fn publish(request: &PublishPolicyRequest) -> Result<(), Status> {
         expected_active_revision: _,
         dry_run: _,
         comment,
+        shadow: _,
     } = request;
     let mut check = Check::default();
     check.length("artifact", artifact, MAX_ARTIFACT);

@@ -59,6 +59,8 @@ pub struct Config {
     /// What the audit trail keeps of a tool call's arguments (`--audit-arguments`,
     /// `--audit-redact`).
     pub audit_arguments: AuditArguments,
+    /// How long a shadow version's differences are kept (`serve --shadow-retention`).
+    pub shadow_retention: Duration,
 }
 
 /// What a decision's audit record keeps of the call's arguments. Always their digest; their
@@ -169,6 +171,7 @@ impl Config {
             ext_authz: ExtAuthzSettings::default(),
             forward_auth: ForwardAuthSettings::default(),
             audit_arguments: AuditArguments::default(),
+            shadow_retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
 

@@ -387,6 +387,7 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
     let preparer = tokio::spawn(retention::prepare_periodically(
         state.store.clone(),
         retention::PREPARE_INTERVAL,
+        config.shadow_retention,
     ));
     drop(state);
 

@@ -7,7 +7,8 @@
 //!
 //! The same round forgets the `request_id` answers and claims older than the
 //! idempotency retention (24 hours): past it they answer nothing, and kept
-//! they would grow by a row per request id for ever.
+//! they would grow by a row per request id for ever; and the shadow differences older than
+//! `serve --shadow-retention` (docs/decisions/0035).
 
 use std::time::Duration;
 
@@ -23,7 +24,8 @@ pub const PREPARE_INTERVAL: Duration = Duration::from_secs(3600);
 /// Prepares the coming periods and forgets expired request ids every
 /// `interval`, forever (the server aborts the task when it stops). The first
 /// round of preparing is the caller's, at start-up.
-pub async fn prepare_periodically<S: Store>(store: S, interval: Duration) {
+pub async fn prepare_periodically<S: Store>(store: S, interval: Duration, shadow_retention: Duration) {
+    let shadow_retention_ms = i64::try_from(shadow_retention.as_millis()).unwrap_or(i64::MAX);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first tick is immediate, and start-up has just prepared.
@@ -39,6 +41,15 @@ pub async fn prepare_periodically<S: Store>(store: S, interval: Duration) {
         match store.forget_requests(now_ms() - IDEMPOTENCY_RETENTION_MS).await {
             Ok(forgotten) => tracing::debug!(forgotten, "expired request ids forgotten"),
             Err(error) => tracing::warn!(%error, "cannot forget expired request ids; retrying next round"),
+        }
+        match store
+            .prune_shadow(now_ms().saturating_sub(shadow_retention_ms))
+            .await
+        {
+            Ok(pruned) => tracing::debug!(pruned, "expired shadow differences deleted"),
+            Err(error) => {
+                tracing::warn!(%error, "cannot delete expired shadow differences; retrying next round")
+            }
         }
     }
 }

@@ -554,6 +554,65 @@ pub struct AuditRecord {
     /// In the JSON form, the object itself.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "json_text")]
     pub attributes: Option<String>,
+    /// Where a shadow version decided otherwise (docs/decisions/0035): stored in
+    /// `shadow_differences`, in the transaction that stores this record, beside this record's
+    /// columns (the active side). Never in `audit_log` itself: `query_audit` leaves it `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<Box<ShadowSide>>,
+}
+
+/// What a shadow version decided about a request where it differs from the active version
+/// (whose decision is the record's own columns). The transition is one of
+/// `changes::Transition`'s names.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct ShadowSide {
+    pub revision: u64,
+    pub transition: String,
+    pub outcome: RecordOutcome,
+    pub code: Option<String>,
+    pub path: Option<String>,
+    pub account_id: Option<String>,
+    pub limit_calls: Option<u64>,
+    pub limit_per: Option<String>,
+    /// A listing: the capabilities the shadow shows and the active one does not (bounded as a
+    /// listing record's `visible` is).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gained: Vec<String>,
+    /// A listing: the capabilities the active version shows and the shadow does not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost: Vec<String>,
+}
+
+/// Which shadow differences to read (`capgate policies shadow report`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ShadowFilter {
+    /// At or after (inclusive).
+    pub since_ms: Option<i64>,
+    /// Before (exclusive).
+    pub until_ms: Option<i64>,
+    /// Only this shadow revision's.
+    pub revision: Option<u64>,
+    /// Only this transition.
+    pub transition: Option<String>,
+    /// Newest first, at most this many.
+    pub limit: u32,
+}
+
+/// How many differences of one transition a shadow revision recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShadowCount {
+    pub revision: u64,
+    pub transition: String,
+    pub records: u64,
+    pub first_at_ms: i64,
+    pub last_at_ms: i64,
+}
+
+/// The shadow version, and who set it when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shadow {
+    pub policy: StoredPolicy,
+    pub set: Actor,
 }
 
 /// A JSON text held as a `String` and written out as the JSON value it is: a record's kept
@@ -916,6 +975,35 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Newest first.
     fn list_policies(&self, limit: u32) -> impl Future<Output = StoreResult<Vec<StoredPolicy>>> + Send;
 
+    /// The shadow version, if one is set (docs/decisions/0035).
+    fn shadow_policy(&self) -> impl Future<Output = StoreResult<Option<Shadow>>> + Send;
+
+    /// Makes the stored `revision` the shadow version (`None`: no shadow) and notifies other
+    /// replicas, as an activation does. `Ok(false)`: there is no such revision; nothing changed.
+    fn set_shadow(&self, revision: Option<u64>, by: &Actor)
+        -> impl Future<Output = StoreResult<bool>> + Send;
+
+    /// Stores `new` as a new version and makes it the shadow one, in one transaction, without
+    /// touching the active version; notifies other replicas.
+    fn publish_shadow(&self, new: NewPolicy) -> impl Future<Output = StoreResult<StoredPolicy>> + Send;
+
+    /// The shadow differences `filter` matches, newest first; each as the record of the active
+    /// side (its decision's columns) with `shadow` set.
+    fn shadow_differences(
+        &self,
+        filter: &ShadowFilter,
+    ) -> impl Future<Output = StoreResult<Vec<AuditRecord>>> + Send;
+
+    /// The differences in `filter`'s window (its revision and transition too, its limit aside),
+    /// counted per shadow revision and transition, by the database.
+    fn shadow_counts(
+        &self,
+        filter: &ShadowFilter,
+    ) -> impl Future<Output = StoreResult<Vec<ShadowCount>>> + Send;
+
+    /// Removes the shadow differences recorded before `before_ms`; says how many went.
+    fn prune_shadow(&self, before_ms: i64) -> impl Future<Output = StoreResult<u64>> + Send;
+
     /// Resolves when another replica may have changed the active version;
     /// the caller then reads [`Store::active_policy`]. Callers also poll.
     ///
@@ -1185,6 +1273,30 @@ impl Store for AnyStore {
 
     async fn policy(&self, revision: u64) -> StoreResult<Option<StoredPolicy>> {
         with_store!(self, store => store.policy(revision).await)
+    }
+
+    async fn shadow_policy(&self) -> StoreResult<Option<Shadow>> {
+        with_store!(self, store => store.shadow_policy().await)
+    }
+
+    async fn set_shadow(&self, revision: Option<u64>, by: &Actor) -> StoreResult<bool> {
+        with_store!(self, store => store.set_shadow(revision, by).await)
+    }
+
+    async fn publish_shadow(&self, new: NewPolicy) -> StoreResult<StoredPolicy> {
+        with_store!(self, store => store.publish_shadow(new).await)
+    }
+
+    async fn shadow_differences(&self, filter: &ShadowFilter) -> StoreResult<Vec<AuditRecord>> {
+        with_store!(self, store => store.shadow_differences(filter).await)
+    }
+
+    async fn shadow_counts(&self, filter: &ShadowFilter) -> StoreResult<Vec<ShadowCount>> {
+        with_store!(self, store => store.shadow_counts(filter).await)
+    }
+
+    async fn prune_shadow(&self, before_ms: i64) -> StoreResult<u64> {
+        with_store!(self, store => store.prune_shadow(before_ms).await)
     }
 
     async fn list_policies(&self, limit: u32) -> StoreResult<Vec<StoredPolicy>> {

@@ -39,13 +39,15 @@ use super::counting::{self, COUNT_USAGE};
 use super::retention::{self, Period, RangeBounds};
 use super::sql::{
     self, ActivatePlan, ActivationRow, AuditIntegers, AuditRow, CounterRow, During, NoteRow, PolicyRow,
-    PublishPlan, RememberedRow, ResetRow, StoredCounterRow,
+    PublishPlan, RememberedRow, ResetRow, ShadowColumns, ShadowCountRow, ShadowPolicyRow, ShadowRow,
+    StoredCounterRow,
 };
 use super::{
     ActivateOutcome, Activation, ActivationKind, Actor, AuditFilter, AuditGroup, AuditRecord, Claim,
     CommitGate, CounterAsk, CounterKey, CounterReading, DecisionNote, ExpectedRevision, Fingerprint,
     GroupKey, LostAnswer, NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, RememberedEntry,
-    Settle, Store, StoreError, StoreOptions, StoreResult, StoredCounter, StoredPolicy, Tally, UsageReset,
+    Settle, Shadow, ShadowCount, ShadowFilter, Store, StoreError, StoreOptions, StoreResult, StoredCounter,
+    StoredPolicy, Tally, UsageReset,
 };
 
 pub use url::{Pooling, SessionAttrs, UrlProblem};
@@ -485,22 +487,18 @@ impl Store for PostgresStore {
                     comment,
                     created_at_ms,
                 } = new;
-                let stored = sqlx::query_as::<_, PolicyRow>(
-                    "INSERT INTO policy_versions (version, artifact, catalog, author, comment, created_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6) \
-                     RETURNING revision, version, artifact, catalog, author, comment, created_at",
-                )
-                .bind(version)
-                .bind(artifact)
-                .bind(catalog)
-                .bind(author)
-                .bind(comment)
-                .bind(created_at_ms)
-                .persistent(self.persistent)
-                .fetch_one(&mut *tx)
-                .await
-                .during("publish")?
-                .into_policy()?;
+                let stored = sqlx::query_as::<_, PolicyRow>(sql::INSERT_POLICY)
+                    .bind(version)
+                    .bind(artifact)
+                    .bind(catalog)
+                    .bind(author)
+                    .bind(comment)
+                    .bind(created_at_ms)
+                    .persistent(self.persistent)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .during("publish")?
+                    .into_policy()?;
                 sqlx::query("UPDATE active_policy SET revision = $1")
                     .bind(sql::to_bigint(stored.revision, "revision")?)
                     .persistent(self.persistent)
@@ -602,6 +600,121 @@ impl Store for PostgresStore {
             }
             Err(_) => Ok(None),
         }
+    }
+
+    async fn shadow_policy(&self) -> StoreResult<Option<Shadow>> {
+        let mut session = self.session().await.during("shadow_policy")?;
+        let shadow = sqlx::query_as::<_, ShadowPolicyRow>(sql::SHADOW_POLICY)
+            .persistent(self.persistent)
+            .fetch_optional(&mut *session)
+            .await
+            .during("shadow_policy")?;
+        session.end().await.during("shadow_policy")?;
+        shadow.map(ShadowPolicyRow::into_shadow).transpose()
+    }
+
+    async fn set_shadow(&self, revision: Option<u64>, by: &Actor) -> StoreResult<bool> {
+        let mut tx = self.pool.begin().await.during("set_shadow")?;
+        // Serialised with publishes and activations, which lock the same row first.
+        let active = lock_active(&mut tx, self.persistent).await.during("set_shadow")?;
+        let revision = match revision {
+            None => None,
+            Some(revision) => match i64::try_from(revision) {
+                Ok(revision)
+                    if Self::policy_in(&mut *tx, revision, "set_shadow", self.persistent)
+                        .await?
+                        .is_some() =>
+                {
+                    Some(revision)
+                }
+                _ => {
+                    tx.rollback().await.during("set_shadow")?;
+                    return Ok(false);
+                }
+            },
+        };
+        sqlx::query(sql::SET_SHADOW)
+            .bind(revision)
+            .bind(by.at_ms)
+            .bind(&by.name)
+            .persistent(self.persistent)
+            .execute(&mut *tx)
+            .await
+            .during("set_shadow")?;
+        // Replicas re-read both pointers on any notification; the payload names the active one.
+        notify(&mut tx, active.map_or(Ok(0), sql::to_revision)?, self.persistent)
+            .await
+            .during("set_shadow")?;
+        tx.commit().await.during("set_shadow")?;
+        Ok(true)
+    }
+
+    async fn publish_shadow(&self, new: NewPolicy) -> StoreResult<StoredPolicy> {
+        let mut tx = self.pool.begin().await.during("publish_shadow")?;
+        let active = lock_active(&mut tx, self.persistent)
+            .await
+            .during("publish_shadow")?;
+        let stored = sqlx::query_as::<_, PolicyRow>(sql::INSERT_POLICY)
+            .bind(new.version)
+            .bind(new.artifact)
+            .bind(new.catalog)
+            .bind(new.author)
+            .bind(new.comment)
+            .bind(new.created_at_ms)
+            .persistent(self.persistent)
+            .fetch_one(&mut *tx)
+            .await
+            .during("publish_shadow")?
+            .into_policy()?;
+        sqlx::query(sql::SET_SHADOW)
+            .bind(sql::to_bigint(stored.revision, "revision")?)
+            .bind(stored.created_at_ms)
+            .bind(&stored.author)
+            .persistent(self.persistent)
+            .execute(&mut *tx)
+            .await
+            .during("publish_shadow")?;
+        notify(&mut tx, active.map_or(Ok(0), sql::to_revision)?, self.persistent)
+            .await
+            .during("publish_shadow")?;
+        tx.commit().await.during("publish_shadow")?;
+        Ok(stored)
+    }
+
+    async fn shadow_differences(&self, filter: &ShadowFilter) -> StoreResult<Vec<AuditRecord>> {
+        let mut session = self.session().await.during("shadow_differences")?;
+        let rows = sql::shadow_query::<Postgres>(filter)
+            .build_query_as::<ShadowRow>()
+            .persistent(self.persistent)
+            .fetch_all(&mut *session)
+            .await
+            .during("shadow_differences")?;
+        session.end().await.during("shadow_differences")?;
+        rows.into_iter().map(ShadowRow::into_record).collect()
+    }
+
+    async fn shadow_counts(&self, filter: &ShadowFilter) -> StoreResult<Vec<ShadowCount>> {
+        let mut session = self.session().await.during("shadow_counts")?;
+        let rows = sql::shadow_counts_query::<Postgres>(filter)
+            .build_query_as::<ShadowCountRow>()
+            .persistent(self.persistent)
+            .fetch_all(&mut *session)
+            .await
+            .during("shadow_counts")?;
+        session.end().await.during("shadow_counts")?;
+        rows.into_iter().map(ShadowCountRow::into_count).collect()
+    }
+
+    async fn prune_shadow(&self, before_ms: i64) -> StoreResult<u64> {
+        let mut session = self.session().await.during("prune_shadow")?;
+        let done = sqlx::query(sql::PRUNE_SHADOW)
+            .bind(before_ms)
+            .persistent(self.persistent)
+            .execute(&mut *session)
+            .await
+            .during("prune_shadow")?;
+        session.end().await.during("prune_shadow")?;
+        Ok(done.rows_affected())
     }
 
     async fn list_policies(&self, limit: u32) -> StoreResult<Vec<StoredPolicy>> {
@@ -1340,11 +1453,12 @@ const DELETE_EMPTIED: &str =
 /// rows, if any, deleted by one of its own first).
 async fn insert_audit(
     tx: &mut PgConnection,
-    columns: AuditArrays,
+    mut columns: AuditArrays,
     remembered: &[RememberedEntry],
     counters: Option<WriteBack<'_>>,
     persistent: bool,
 ) -> Result<(), sqlx::Error> {
+    let shadow = std::mem::take(&mut columns.shadow);
     // Rare, and disjoint from the keys written back below: a key is either.
     if let Some(counters) = counters
         .as_ref()
@@ -1402,6 +1516,37 @@ async fn insert_audit(
             None => query,
         };
         query.persistent(persistent).execute(&mut *tx).await?;
+    }
+    // A statement per difference: a shadow that differs on most requests is a change under
+    // review, not a steady state (docs/decisions/0035).
+    for row in shadow {
+        sqlx::query(sql::INSERT_SHADOW)
+            .bind(row.decision_id)
+            .bind(row.at)
+            .bind(row.kind)
+            .bind(row.transition)
+            .bind(row.active_revision)
+            .bind(row.shadow_revision)
+            .bind(row.principal_id)
+            .bind(row.capability)
+            .bind(row.tool)
+            .bind(row.active_outcome)
+            .bind(row.active_code)
+            .bind(row.active_path)
+            .bind(row.active_account)
+            .bind(row.active_limit_calls)
+            .bind(row.active_limit_per)
+            .bind(row.shadow_outcome)
+            .bind(row.shadow_code)
+            .bind(row.shadow_path)
+            .bind(row.shadow_account)
+            .bind(row.shadow_limit_calls)
+            .bind(row.shadow_limit_per)
+            .bind(row.gained)
+            .bind(row.lost)
+            .persistent(persistent)
+            .execute(&mut *tx)
+            .await?;
     }
     if !remembered.is_empty() {
         let mut gateways = Vec::with_capacity(remembered.len());
@@ -1618,6 +1763,8 @@ struct AuditArrays {
     arguments: Vec<Option<String>>,
     arguments_omitted: Vec<Option<i64>>,
     attributes: Vec<Option<String>>,
+    /// The shadow differences the records carry, one row each.
+    shadow: Vec<ShadowColumns>,
 }
 
 impl AuditArrays {
@@ -1651,9 +1798,11 @@ impl AuditArrays {
             arguments: Vec::with_capacity(n),
             arguments_omitted: Vec::with_capacity(n),
             attributes: Vec::with_capacity(n),
+            shadow: Vec::new(),
         };
         for record in records {
             let integers = AuditIntegers::of(record)?;
+            columns.shadow.extend(ShadowColumns::of(record)?);
             // Destructured so that a new field of `AuditRecord` fails to
             // compile here until it has a column.
             let AuditRecord {
@@ -1684,6 +1833,8 @@ impl AuditArrays {
                 arguments,
                 arguments_omitted: _,
                 attributes,
+                // Its own table's row, above.
+                shadow: _,
             } = record;
             columns.decision_id.push(decision_id.clone());
             columns.at.push(*at_ms);

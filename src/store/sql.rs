@@ -13,9 +13,10 @@
 use sqlx::{ColumnIndex, Database, Decode, Encode, QueryBuilder, Row, Type};
 
 use super::{
-    Activation, ActivationKind, AuditCursor, AuditFilter, AuditGroup, AuditRecord, Claim, CounterReading,
-    DecisionNote, Door, ExpectedRevision, Fingerprint, GroupKey, NewPolicy, Note, RecordCode, RecordKind,
-    RecordOutcome, Remembered, StoreError, StoreResult, StoredCounter, StoredPolicy, UsageReset,
+    Activation, ActivationKind, Actor, AuditCursor, AuditFilter, AuditGroup, AuditRecord, Claim,
+    CounterReading, DecisionNote, Door, ExpectedRevision, Fingerprint, GroupKey, NewPolicy, Note, RecordCode,
+    RecordKind, RecordOutcome, Remembered, Shadow, ShadowCount, ShadowFilter, ShadowSide, StoreError,
+    StoreResult, StoredCounter, StoredPolicy, UsageReset,
 };
 
 /// Names the operation a database failure happened in. There is no
@@ -389,6 +390,7 @@ impl AuditRow {
             arguments,
             arguments_omitted: to_unsigned_opt(arguments_omitted, "arguments_omitted")?,
             attributes,
+            shadow: None,
         })
     }
 }
@@ -629,6 +631,287 @@ where
         first_at_ms: row.try_get(keys + 1).during("audit_groups")?,
         last_at_ms: row.try_get(keys + 2).during("audit_groups")?,
     })
+}
+
+// ── Shadow versions (docs/decisions/0035) ─────────────────────────────────
+
+/// The shadow version and who set it.
+pub(super) const SHADOW_POLICY: &str = "SELECT p.revision, p.version, p.artifact, p.catalog, p.author, \
+     p.comment, p.created_at, s.set_at, s.set_by \
+     FROM shadow_policy s JOIN policy_versions p ON p.revision = s.revision";
+
+/// Stores a new version (`$1` to `$6`) and returns it whole.
+pub(super) const INSERT_POLICY: &str = "INSERT INTO policy_versions \
+     (version, artifact, catalog, author, comment, created_at) VALUES ($1, $2, $3, $4, $5, $6) \
+     RETURNING revision, version, artifact, catalog, author, comment, created_at";
+
+/// Points the shadow at `$1` (NULL: none), set by `$3` at `$2`.
+pub(super) const SET_SHADOW: &str = "UPDATE shadow_policy SET revision = $1, set_at = $2, set_by = $3";
+
+/// Removes the differences recorded before `$1`.
+pub(super) const PRUNE_SHADOW: &str = "DELETE FROM shadow_differences WHERE at < $1";
+
+/// The columns of `shadow_differences`, in the order of [`ShadowRow`].
+const SHADOW_COLUMNS: &str = "decision_id, at, kind, transition, active_revision, shadow_revision, \
+     principal_id, capability, tool, active_outcome, active_code, active_path, active_account, \
+     active_limit_calls, active_limit_per, shadow_outcome, shadow_code, shadow_path, shadow_account, \
+     shadow_limit_calls, shadow_limit_per, gained, lost";
+
+/// Inserts one difference (`$1` to `$23`, in [`SHADOW_COLUMNS`]' order).
+pub(super) const INSERT_SHADOW: &str = "INSERT INTO shadow_differences (decision_id, at, kind, transition, \
+     active_revision, shadow_revision, principal_id, capability, tool, active_outcome, active_code, \
+     active_path, active_account, active_limit_calls, active_limit_per, shadow_outcome, shadow_code, \
+     shadow_path, shadow_account, shadow_limit_calls, shadow_limit_per, gained, lost) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, \
+     $20, $21, $22, $23) ON CONFLICT DO NOTHING";
+
+#[derive(sqlx::FromRow)]
+pub(super) struct ShadowPolicyRow {
+    #[sqlx(flatten)]
+    policy: PolicyRow,
+    set_at: Option<i64>,
+    set_by: Option<String>,
+}
+
+impl ShadowPolicyRow {
+    pub(super) fn into_shadow(self) -> StoreResult<Shadow> {
+        Ok(Shadow {
+            policy: self.policy.into_policy()?,
+            set: Actor {
+                name: self.set_by.unwrap_or_default(),
+                at_ms: self.set_at.unwrap_or_default(),
+            },
+        })
+    }
+}
+
+/// One row of `shadow_differences`: a record's active side and the shadow's.
+#[derive(sqlx::FromRow)]
+pub(super) struct ShadowRow {
+    decision_id: String,
+    at: i64,
+    kind: String,
+    transition: String,
+    active_revision: i64,
+    shadow_revision: i64,
+    principal_id: Option<String>,
+    capability: Option<String>,
+    tool: Option<String>,
+    active_outcome: String,
+    active_code: Option<String>,
+    active_path: Option<String>,
+    active_account: Option<String>,
+    active_limit_calls: Option<i64>,
+    active_limit_per: Option<String>,
+    shadow_outcome: String,
+    shadow_code: Option<String>,
+    shadow_path: Option<String>,
+    shadow_account: Option<String>,
+    shadow_limit_calls: Option<i64>,
+    shadow_limit_per: Option<String>,
+    gained: Option<String>,
+    lost: Option<String>,
+}
+
+impl ShadowRow {
+    pub(super) fn into_record(self) -> StoreResult<AuditRecord> {
+        let ShadowRow {
+            decision_id,
+            at,
+            kind,
+            transition,
+            active_revision,
+            shadow_revision,
+            principal_id,
+            capability,
+            tool,
+            active_outcome,
+            active_code,
+            active_path,
+            active_account,
+            active_limit_calls,
+            active_limit_per,
+            shadow_outcome,
+            shadow_code,
+            shadow_path,
+            shadow_account,
+            shadow_limit_calls,
+            shadow_limit_per,
+            gained,
+            lost,
+        } = self;
+        Ok(AuditRecord {
+            decision_id,
+            at_ms: at,
+            kind: to_typed(kind, "kind", RecordKind::parse)?,
+            outcome: to_typed(active_outcome, "active_outcome", RecordOutcome::parse)?,
+            code: active_code
+                .map(|code| to_typed(code, "active_code", RecordCode::parse))
+                .transpose()?,
+            path: active_path,
+            principal_id,
+            capability,
+            tool,
+            account_id: active_account,
+            limit_calls: to_unsigned_opt(active_limit_calls, "active_limit_calls")?,
+            limit_per: active_limit_per,
+            policy_revision: Some(to_unsigned(active_revision, "active_revision")?),
+            shadow: Some(Box::new(ShadowSide {
+                revision: to_unsigned(shadow_revision, "shadow_revision")?,
+                transition,
+                outcome: to_typed(shadow_outcome, "shadow_outcome", RecordOutcome::parse)?,
+                code: shadow_code,
+                path: shadow_path,
+                account_id: shadow_account,
+                limit_calls: to_unsigned_opt(shadow_limit_calls, "shadow_limit_calls")?,
+                limit_per: shadow_limit_per,
+                gained: gained.as_deref().map(split_visible).unwrap_or_default(),
+                lost: lost.as_deref().map(split_visible).unwrap_or_default(),
+            })),
+            ..AuditRecord::default()
+        })
+    }
+}
+
+/// A shadow difference's columns, checked before anything is written: the record's active side
+/// and its shadow side, in [`INSERT_SHADOW`]'s order. `None` for a record without one.
+pub(super) struct ShadowColumns {
+    pub(super) decision_id: String,
+    pub(super) at: i64,
+    pub(super) kind: &'static str,
+    pub(super) transition: String,
+    pub(super) active_revision: i64,
+    pub(super) shadow_revision: i64,
+    pub(super) principal_id: Option<String>,
+    pub(super) capability: Option<String>,
+    pub(super) tool: Option<String>,
+    pub(super) active_outcome: &'static str,
+    pub(super) active_code: Option<&'static str>,
+    pub(super) active_path: Option<String>,
+    pub(super) active_account: Option<String>,
+    pub(super) active_limit_calls: Option<i64>,
+    pub(super) active_limit_per: Option<String>,
+    pub(super) shadow_outcome: &'static str,
+    pub(super) shadow_code: Option<String>,
+    pub(super) shadow_path: Option<String>,
+    pub(super) shadow_account: Option<String>,
+    pub(super) shadow_limit_calls: Option<i64>,
+    pub(super) shadow_limit_per: Option<String>,
+    pub(super) gained: Option<String>,
+    pub(super) lost: Option<String>,
+}
+
+impl ShadowColumns {
+    pub(super) fn of(record: &AuditRecord) -> StoreResult<Option<Self>> {
+        let Some(shadow) = record.shadow.as_deref() else {
+            return Ok(None);
+        };
+        let opt = |value: Option<u64>, column| value.map(|value| to_bigint(value, column)).transpose();
+        Ok(Some(ShadowColumns {
+            decision_id: record.decision_id.clone(),
+            at: record.at_ms,
+            kind: record.kind.as_str(),
+            transition: shadow.transition.clone(),
+            active_revision: to_bigint(record.policy_revision.unwrap_or_default(), "active_revision")?,
+            shadow_revision: to_bigint(shadow.revision, "shadow_revision")?,
+            principal_id: record.principal_id.clone(),
+            capability: record.capability.clone(),
+            tool: record.tool.clone(),
+            active_outcome: record.outcome.as_str(),
+            active_code: record.code.map(RecordCode::as_str),
+            active_path: record.path.clone(),
+            active_account: record.account_id.clone(),
+            active_limit_calls: opt(record.limit_calls, "active_limit_calls")?,
+            active_limit_per: record.limit_per.clone(),
+            shadow_outcome: shadow.outcome.as_str(),
+            shadow_code: shadow.code.clone(),
+            shadow_path: shadow.path.clone(),
+            shadow_account: shadow.account_id.clone(),
+            shadow_limit_calls: opt(shadow.limit_calls, "shadow_limit_calls")?,
+            shadow_limit_per: shadow.limit_per.clone(),
+            gained: join_visible(&shadow.gained),
+            lost: join_visible(&shadow.lost),
+        }))
+    }
+}
+
+/// ` WHERE TRUE AND …`: a shadow filter's conditions, its limit aside.
+fn shadow_conditions<DB>(query: &mut QueryBuilder<DB>, filter: &ShadowFilter)
+where
+    DB: Database,
+    DB::Arguments: Default,
+    String: for<'q> Encode<'q, DB> + Type<DB>,
+    i64: for<'q> Encode<'q, DB> + Type<DB>,
+{
+    query.push(" WHERE TRUE");
+    if let Some(since) = filter.since_ms {
+        query.push(" AND at >= ").push_bind(since);
+    }
+    if let Some(until) = filter.until_ms {
+        query.push(" AND at < ").push_bind(until);
+    }
+    if let Some(revision) = filter.revision {
+        query
+            .push(" AND shadow_revision = ")
+            .push_bind(saturating_bigint(revision));
+    }
+    if let Some(transition) = &filter.transition {
+        query.push(" AND transition = ").push_bind(transition.clone());
+    }
+}
+
+/// The differences `filter` matches, newest first.
+pub(super) fn shadow_query<DB>(filter: &ShadowFilter) -> QueryBuilder<DB>
+where
+    DB: Database,
+    DB::Arguments: Default,
+    String: for<'q> Encode<'q, DB> + Type<DB>,
+    i64: for<'q> Encode<'q, DB> + Type<DB>,
+{
+    let mut query = QueryBuilder::new(format!("SELECT {SHADOW_COLUMNS} FROM shadow_differences"));
+    shadow_conditions(&mut query, filter);
+    query
+        .push(" ORDER BY at DESC, decision_id DESC LIMIT ")
+        .push_bind(i64::from(filter.limit));
+    query
+}
+
+/// The differences `filter` matches, counted per shadow revision and transition.
+pub(super) fn shadow_counts_query<DB>(filter: &ShadowFilter) -> QueryBuilder<DB>
+where
+    DB: Database,
+    DB::Arguments: Default,
+    String: for<'q> Encode<'q, DB> + Type<DB>,
+    i64: for<'q> Encode<'q, DB> + Type<DB>,
+{
+    let mut query = QueryBuilder::new(
+        "SELECT shadow_revision, transition, count(*) AS records, min(at) AS first_at, max(at) AS last_at \
+         FROM shadow_differences",
+    );
+    shadow_conditions(&mut query, filter);
+    query.push(" GROUP BY shadow_revision, transition ORDER BY shadow_revision DESC, transition");
+    query
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct ShadowCountRow {
+    shadow_revision: i64,
+    transition: String,
+    records: i64,
+    first_at: i64,
+    last_at: i64,
+}
+
+impl ShadowCountRow {
+    pub(super) fn into_count(self) -> StoreResult<ShadowCount> {
+        Ok(ShadowCount {
+            revision: to_unsigned(self.shadow_revision, "shadow_revision")?,
+            transition: self.transition,
+            records: to_unsigned(self.records, "records")?,
+            first_at_ms: self.first_at,
+            last_at_ms: self.last_at,
+        })
+    }
 }
 
 // ── The operator's history ────────────────────────────────────────────────

@@ -42,13 +42,15 @@ use super::counting::{self, COUNT_USAGE};
 use super::retention::{self, Period};
 use super::sql::{
     self, ActivatePlan, ActivationRow, AuditIntegers, AuditRow, CounterRow, During, NoteRow, PolicyRow,
-    PublishPlan, RememberedRow, ResetRow, StoredCounterRow,
+    PublishPlan, RememberedRow, ResetRow, ShadowColumns, ShadowCountRow, ShadowPolicyRow, ShadowRow,
+    StoredCounterRow,
 };
 use super::{
     ActivateOutcome, Activation, ActivationKind, Actor, AuditFilter, AuditGroup, AuditRecord, Claim,
     CommitGate, CounterAsk, CounterKey, CounterReading, DecisionNote, ExpectedRevision, Fingerprint,
     GroupKey, LostAnswer, NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, RememberedEntry,
-    Settle, Store, StoreError, StoreOptions, StoreResult, StoredCounter, StoredPolicy, Tally, UsageReset,
+    Settle, Shadow, ShadowCount, ShadowFilter, Store, StoreError, StoreOptions, StoreResult, StoredCounter,
+    StoredPolicy, Tally, UsageReset,
 };
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
@@ -159,6 +161,47 @@ fn has_mode_parameter(url: &str) -> bool {
     })
 }
 
+/// Inserts the shadow differences `records` carry into `tx`, as part of `operation`.
+async fn insert_shadow_differences(
+    tx: &mut SqliteConnection,
+    records: &[AuditRecord],
+    operation: &'static str,
+) -> StoreResult<()> {
+    for record in records {
+        let Some(row) = ShadowColumns::of(record)? else {
+            continue;
+        };
+        sqlx::query(sql::INSERT_SHADOW)
+            .bind(row.decision_id)
+            .bind(row.at)
+            .bind(row.kind)
+            .bind(row.transition)
+            .bind(row.active_revision)
+            .bind(row.shadow_revision)
+            .bind(row.principal_id)
+            .bind(row.capability)
+            .bind(row.tool)
+            .bind(row.active_outcome)
+            .bind(row.active_code)
+            .bind(row.active_path)
+            .bind(row.active_account)
+            .bind(row.active_limit_calls)
+            .bind(row.active_limit_per)
+            .bind(row.shadow_outcome)
+            .bind(row.shadow_code)
+            .bind(row.shadow_path)
+            .bind(row.shadow_account)
+            .bind(row.shadow_limit_calls)
+            .bind(row.shadow_limit_per)
+            .bind(row.gained)
+            .bind(row.lost)
+            .execute(&mut *tx)
+            .await
+            .during(operation)?;
+    }
+    Ok(())
+}
+
 /// Inserts audit entries into `tx`, as `append_audit` describes, as part of `operation`.
 async fn insert_audit(
     tx: &mut SqliteConnection,
@@ -204,6 +247,8 @@ async fn insert_audit(
             arguments,
             arguments_omitted: _,
             attributes,
+            // Its own table's row: `insert_shadow_differences`.
+            shadow: _,
         } = record;
         sqlx::query(
             "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
@@ -245,6 +290,7 @@ async fn insert_audit(
         .await
         .during(operation)?;
     }
+    insert_shadow_differences(tx, records, operation).await?;
     for (gateway, request_id, answer) in remembered {
         sqlx::query(
             "INSERT INTO remembered_responses (gateway, request_id, decision_id, response, at, fingerprint) \
@@ -479,21 +525,17 @@ impl Store for SqliteStore {
                     comment,
                     created_at_ms,
                 } = new;
-                let stored = sqlx::query_as::<_, PolicyRow>(
-                    "INSERT INTO policy_versions (version, artifact, catalog, author, comment, created_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6) \
-                     RETURNING revision, version, artifact, catalog, author, comment, created_at",
-                )
-                .bind(version)
-                .bind(artifact)
-                .bind(catalog)
-                .bind(author)
-                .bind(comment)
-                .bind(created_at_ms)
-                .fetch_one(&mut *tx)
-                .await
-                .during("publish")?
-                .into_policy()?;
+                let stored = sqlx::query_as::<_, PolicyRow>(sql::INSERT_POLICY)
+                    .bind(version)
+                    .bind(artifact)
+                    .bind(catalog)
+                    .bind(author)
+                    .bind(comment)
+                    .bind(created_at_ms)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .during("publish")?
+                    .into_policy()?;
                 point_active_at(&mut tx, stored.revision, "publish").await?;
                 let by = Actor {
                     name: stored.author.clone(),
@@ -572,6 +614,106 @@ impl Store for SqliteStore {
             Ok(revision) => Self::policy_in(&self.pool, revision, "policy").await,
             Err(_) => Ok(None),
         }
+    }
+
+    async fn shadow_policy(&self) -> StoreResult<Option<Shadow>> {
+        sqlx::query_as::<_, ShadowPolicyRow>(sql::SHADOW_POLICY)
+            .fetch_optional(&self.pool)
+            .await
+            .during("shadow_policy")?
+            .map(ShadowPolicyRow::into_shadow)
+            .transpose()
+    }
+
+    async fn set_shadow(&self, revision: Option<u64>, by: &Actor) -> StoreResult<bool> {
+        let _turn = self.write_turn().await;
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .during("set_shadow")?;
+        let revision = match revision {
+            None => None,
+            Some(revision) => match i64::try_from(revision) {
+                Ok(revision) if Self::policy_in(&mut *tx, revision, "set_shadow").await?.is_some() => {
+                    Some(revision)
+                }
+                _ => {
+                    tx.rollback().await.during("set_shadow")?;
+                    return Ok(false);
+                }
+            },
+        };
+        sqlx::query(sql::SET_SHADOW)
+            .bind(revision)
+            .bind(by.at_ms)
+            .bind(&by.name)
+            .execute(&mut *tx)
+            .await
+            .during("set_shadow")?;
+        tx.commit().await.during("set_shadow")?;
+        Ok(true)
+    }
+
+    async fn publish_shadow(&self, new: NewPolicy) -> StoreResult<StoredPolicy> {
+        let _turn = self.write_turn().await;
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .during("publish_shadow")?;
+        let stored = sqlx::query_as::<_, PolicyRow>(sql::INSERT_POLICY)
+            .bind(new.version)
+            .bind(new.artifact)
+            .bind(new.catalog)
+            .bind(new.author)
+            .bind(new.comment)
+            .bind(new.created_at_ms)
+            .fetch_one(&mut *tx)
+            .await
+            .during("publish_shadow")?
+            .into_policy()?;
+        sqlx::query(sql::SET_SHADOW)
+            .bind(sql::to_bigint(stored.revision, "revision")?)
+            .bind(stored.created_at_ms)
+            .bind(&stored.author)
+            .execute(&mut *tx)
+            .await
+            .during("publish_shadow")?;
+        tx.commit().await.during("publish_shadow")?;
+        Ok(stored)
+    }
+
+    async fn shadow_differences(&self, filter: &ShadowFilter) -> StoreResult<Vec<AuditRecord>> {
+        sql::shadow_query::<Sqlite>(filter)
+            .build_query_as::<ShadowRow>()
+            .fetch_all(&self.pool)
+            .await
+            .during("shadow_differences")?
+            .into_iter()
+            .map(ShadowRow::into_record)
+            .collect()
+    }
+
+    async fn shadow_counts(&self, filter: &ShadowFilter) -> StoreResult<Vec<ShadowCount>> {
+        sql::shadow_counts_query::<Sqlite>(filter)
+            .build_query_as::<ShadowCountRow>()
+            .fetch_all(&self.pool)
+            .await
+            .during("shadow_counts")?
+            .into_iter()
+            .map(ShadowCountRow::into_count)
+            .collect()
+    }
+
+    async fn prune_shadow(&self, before_ms: i64) -> StoreResult<u64> {
+        let _turn = self.write_turn().await;
+        let done = sqlx::query(sql::PRUNE_SHADOW)
+            .bind(before_ms)
+            .execute(&self.pool)
+            .await
+            .during("prune_shadow")?;
+        Ok(done.rows_affected())
     }
 
     async fn list_policies(&self, limit: u32) -> StoreResult<Vec<StoredPolicy>> {

@@ -44,6 +44,11 @@ pub const ACTIVE_REVISION: &str = "capgate.policy.active_revision";
 pub const POLICY_SWAPS: &str = "capgate.policy.swaps";
 /// `capgate.connections.closed`: decision-port connections the server closed, by reason.
 pub const CONNECTIONS_CLOSED: &str = "capgate.connections.closed";
+/// `capgate.policy.shadow_revision`: the shadow revision this replica evaluates beside the active one.
+pub const SHADOW_REVISION: &str = "capgate.policy.shadow_revision";
+/// `capgate.shadow.differences`: decisions and listings the shadow version answered otherwise, by
+/// transition (docs/decisions/0035).
+pub const SHADOW_DIFFERENCES: &str = "capgate.shadow.differences";
 
 /// Seconds, from 100 µs (a denial decided in memory) to 10 s (far past every timeout).
 const LATENCY_BOUNDARIES: [f64; 16] = [
@@ -70,6 +75,10 @@ pub struct Metrics {
     /// 0 while no version is active (then the gauge reports nothing).
     active_revision: Arc<AtomicU64>,
     _active_revision_gauge: ObservableGauge<u64>,
+    /// 0 while no shadow is set (then the gauge reports nothing).
+    shadow_revision: Arc<AtomicU64>,
+    _shadow_revision_gauge: ObservableGauge<u64>,
+    shadow_differences: Counter<u64>,
     audit_rejected: Counter<u64>,
     /// What the spool holds, while there is one.
     spool: Arc<SpoolBacklog>,
@@ -163,6 +172,8 @@ impl Metrics {
     fn new(meter: &Meter) -> Metrics {
         let active_revision = Arc::new(AtomicU64::new(0));
         let observed = active_revision.clone();
+        let shadow_revision = Arc::new(AtomicU64::new(0));
+        let shadow_observed = shadow_revision.clone();
         let spool = Arc::new(SpoolBacklog::default());
         let (sized, aged) = (spool.clone(), spool.clone());
         Metrics {
@@ -236,6 +247,26 @@ impl Metrics {
                 })
                 .build(),
             active_revision,
+            _shadow_revision_gauge: meter
+                .u64_observable_gauge(SHADOW_REVISION)
+                .with_description("The shadow policy revision this replica evaluates beside the active one")
+                .with_unit("{revision}")
+                .with_callback(move |observer| {
+                    let revision = shadow_observed.load(Ordering::Relaxed);
+                    if revision > 0 {
+                        observer.observe(revision, &[]);
+                    }
+                })
+                .build(),
+            shadow_revision,
+            shadow_differences: meter
+                .u64_counter(SHADOW_DIFFERENCES)
+                .with_description(
+                    "Decisions and listings the shadow policy version answered otherwise than the active one, \
+                     by transition",
+                )
+                .with_unit("{decision}")
+                .build(),
             audit_rejected: meter
                 .u64_counter(AUDIT_REJECTED)
                 .with_description(
@@ -358,6 +389,19 @@ impl Metrics {
             .oldest_at_ms
             .store(oldest_at_ms.map_or(0, |at| at.max(1)), Ordering::Relaxed);
         self.spool.present.store(true, Ordering::Relaxed);
+    }
+
+    /// `revision` is now the shadow version this replica evaluates (`None`: none).
+    pub fn shadow_installed(&self, revision: Option<u64>) {
+        self.shadow_revision
+            .store(revision.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// The shadow version answered a request otherwise, as `transition` (a closed set:
+    /// `changes::Transition`'s names).
+    pub fn shadow_difference(&self, transition: &'static str) {
+        self.shadow_differences
+            .add(1, &[KeyValue::new("transition", transition)]);
     }
 
     /// `revision` is now the version this replica decides on.

@@ -496,6 +496,7 @@ mod tests {
             arguments: None,
             arguments_omitted: None,
             attributes: None,
+            shadow: None,
         }
     }
 

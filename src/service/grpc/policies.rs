@@ -33,9 +33,11 @@ use crate::wire::convert;
 use crate::wire::proto::policy_service_server::PolicyService;
 use crate::wire::proto::{
     ActivatePolicyRequest, ActivatePolicyResponse, DecisionChange, GetActivePolicyRequest,
-    GetActivePolicyResponse, GetPolicyVersionRequest, GetPolicyVersionResponse, ListPolicyActivationsRequest,
-    ListPolicyActivationsResponse, ListPolicyVersionsRequest, ListPolicyVersionsResponse, PolicyActivation,
-    PublishPolicyRequest, PublishPolicyResponse, ResetUsageRequest, ResetUsageResponse,
+    GetActivePolicyResponse, GetPolicyVersionRequest, GetPolicyVersionResponse, GetShadowPolicyRequest,
+    GetShadowPolicyResponse, ListPolicyActivationsRequest, ListPolicyActivationsResponse,
+    ListPolicyVersionsRequest, ListPolicyVersionsResponse, PolicyActivation, PublishPolicyRequest,
+    PublishPolicyResponse, ResetUsageRequest, ResetUsageResponse, SetShadowPolicyRequest,
+    SetShadowPolicyResponse,
 };
 
 /// `ListPolicyVersions` and `ListPolicyActivations` without a limit.
@@ -212,6 +214,7 @@ impl<S: Store> PolicyService for Policies<S> {
             expected_active_revision,
             dry_run,
             comment,
+            shadow,
         } = request;
         let version = version_label(artifact.as_bytes());
         traced(None, Some(&version));
@@ -283,6 +286,41 @@ impl<S: Store> PolicyService for Policies<S> {
             comment,
             created_at_ms: now_ms(),
         };
+        if shadow {
+            if let Some(expected) = expected_active_revision {
+                let active = before.as_ref().map_or(0, |active| active.revision);
+                if expected != active {
+                    return Err(conflict(
+                        Some(expected),
+                        Some(active).filter(|revision| *revision > 0),
+                    ));
+                }
+            }
+            let stored = store
+                .publish_shadow(new)
+                .await
+                .map_err(|error| unavailable(&error))?;
+            traced(Some(stored.revision), None);
+            tracing::info!(revision = stored.revision, %version, author = %caller.name, "shadow policy published");
+            let candidate = Arc::new(Active::new(
+                stored.revision,
+                version.clone(),
+                *policy,
+                *document,
+                catalog_version,
+            ));
+            if let Err(error) = self.state.active.refresh(store, Some(candidate)).await {
+                tracing::warn!(%error, "published as shadow, but not yet installed on this replica");
+            }
+            return Ok(Response::new(PublishPolicyResponse {
+                accepted: true,
+                revision: stored.revision,
+                version,
+                diagnostics,
+                changes,
+                unchanged: false,
+            }));
+        }
         let published = store
             .publish(new, expected_active_revision)
             .await
@@ -364,12 +402,21 @@ impl<S: Store> PolicyService for Policies<S> {
             .await
             .map_err(|error| unavailable(&error))?
             .map(|stored| stored.revision);
+        let shadow = store
+            .shadow_policy()
+            .await
+            .map_err(|error| unavailable(&error))?
+            .map(|shadow| shadow.policy.revision);
         let versions = store
             .list_policies(limit)
             .await
             .map_err(|error| unavailable(&error))?
             .iter()
-            .map(|stored| policy_version(stored, Some(stored.revision) == active))
+            .map(|stored| {
+                let mut version = policy_version(stored, Some(stored.revision) == active);
+                version.shadow = Some(stored.revision) == shadow;
+                version
+            })
             .collect();
         Ok(Response::new(ListPolicyVersionsResponse { versions }))
     }
@@ -436,6 +483,102 @@ impl<S: Store> PolicyService for Policies<S> {
                 }))
             }
         }
+    }
+
+    async fn set_shadow_policy(
+        &self,
+        request: Request<SetShadowPolicyRequest>,
+    ) -> Result<Response<SetShadowPolicyResponse>, Status> {
+        let caller = self.state.tokens.authorize(request.metadata(), Role::Admin)?;
+        let SetShadowPolicyRequest { revision } = request.into_inner();
+        traced(revision, None);
+        // Dropped last, once everything this call compiled is freed.
+        let _return_memory = ReturnFreedMemory;
+        let _turn = self.turn().await?;
+        let store = &self.state.store;
+        let by = Actor {
+            name: caller.name.clone(),
+            at_ms: now_ms(),
+        };
+        let Some(revision) = revision else {
+            store
+                .set_shadow(None, &by)
+                .await
+                .map_err(|error| unavailable(&error))?;
+            tracing::info!(author = %caller.name, "shadow policy cleared");
+            if let Err(error) = self.state.active.refresh(store, None).await {
+                tracing::warn!(%error, "cleared, but not yet on this replica");
+            }
+            return Ok(Response::new(SetShadowPolicyResponse {
+                version: None,
+                changes: Vec::new(),
+            }));
+        };
+        let stored = store
+            .policy(revision)
+            .await
+            .map_err(|error| unavailable(&error))?
+            .ok_or_else(|| Status::not_found(format!("no stored revision {revision}")))?;
+        // Refuse to shadow what this build would not run, as an activation does.
+        let (policy, document) = match compile_text(stored.artifact.clone(), stored.catalog.clone()).await {
+            Compiled::Ok { policy, document, .. } => (policy, document),
+            Compiled::Rejected { .. } | Compiled::BadCatalog(_) => {
+                return Err(Status::failed_precondition(format!(
+                    "revision {revision} does not compile with this build; it cannot be the shadow version"
+                )));
+            }
+        };
+        let before = self.before().await?;
+        if !store
+            .set_shadow(Some(revision), &by)
+            .await
+            .map_err(|error| unavailable(&error))?
+        {
+            return Err(Status::not_found(format!("no stored revision {revision}")));
+        }
+        tracing::info!(revision, author = %caller.name, "shadow policy set");
+        let changes = changes(before.as_deref(), &policy);
+        let candidate = Arc::new(Active::new(
+            revision,
+            stored.version.clone(),
+            *policy,
+            *document,
+            catalog_label(stored.catalog.as_deref()),
+        ));
+        if let Err(error) = self.state.active.refresh(store, Some(candidate)).await {
+            tracing::warn!(%error, "set, but not yet on this replica");
+        }
+        let mut version = policy_version(&stored, before.is_some_and(|active| active.revision == revision));
+        version.shadow = true;
+        Ok(Response::new(SetShadowPolicyResponse {
+            version: Some(version),
+            changes,
+        }))
+    }
+
+    async fn get_shadow_policy(
+        &self,
+        request: Request<GetShadowPolicyRequest>,
+    ) -> Result<Response<GetShadowPolicyResponse>, Status> {
+        self.state.tokens.authorize(request.metadata(), Role::Admin)?;
+        let GetShadowPolicyRequest {} = request.into_inner();
+        let shadow = self
+            .state
+            .store
+            .shadow_policy()
+            .await
+            .map_err(|error| unavailable(&error))?;
+        let Some(shadow) = shadow else {
+            return Ok(Response::new(GetShadowPolicyResponse::default()));
+        };
+        traced(Some(shadow.policy.revision), Some(&shadow.policy.version));
+        let mut version = policy_version(&shadow.policy, false);
+        version.shadow = true;
+        Ok(Response::new(GetShadowPolicyResponse {
+            version: Some(version),
+            set_by: shadow.set.name,
+            set_at: Some(convert::timestamp(shadow.set.at_ms)),
+        }))
     }
 
     async fn get_policy_version(
@@ -562,5 +705,6 @@ pub fn policy_version(stored: &StoredPolicy, active: bool) -> crate::wire::proto
         comment: comment.clone(),
         created_at: Some(convert::timestamp(*created_at_ms)),
         active,
+        shadow: false,
     }
 }

@@ -56,18 +56,7 @@ pub(super) fn settled<'a>(
     arguments: Arguments<'_>,
     tally: Option<Tally>,
 ) -> Metered<'a> {
-    let usage = match tally {
-        // The usage this call was admitted against: the window's calls before it.
-        Some(Tally::Taken(now)) => Usage::Counted {
-            calls: now.calls.saturating_sub(1),
-            window_start: now.window_start_ms,
-        },
-        Some(Tally::Refused(found)) => Usage::Counted {
-            calls: found.calls,
-            window_start: found.window_start_ms,
-        },
-        None => Usage::Unknown,
-    };
+    let usage = usage_of(tally);
     let decision = evaluate_prepared_call(prepared, capability, at, usage, arguments);
     let ceiling = ceiling_of(prepared, capability, at, arguments);
     let Some(ceiling) = ceiling else {
@@ -102,6 +91,22 @@ pub(super) fn settled<'a>(
             usage_calls: None,
             resets_at: None,
         },
+    }
+}
+
+/// The usage a counted call is decided on: the window's calls before it when it was taken, the
+/// calls found when it was refused, unknown when it could not be counted.
+pub(super) fn usage_of(tally: Option<Tally>) -> Usage {
+    match tally {
+        Some(Tally::Taken(now)) => Usage::Counted {
+            calls: now.calls.saturating_sub(1),
+            window_start: now.window_start_ms,
+        },
+        Some(Tally::Refused(found)) => Usage::Counted {
+            calls: found.calls,
+            window_start: found.window_start_ms,
+        },
+        None => Usage::Unknown,
     }
 }
 

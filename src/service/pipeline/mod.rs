@@ -17,11 +17,12 @@ mod arguments;
 mod idempotency;
 mod metering;
 mod record;
+mod shadow;
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use capgate_core::access::{visible, CapabilityRule, Decision, Limits, Standing, VisibleCapability};
+use capgate_core::access::{visible, CapabilityRule, Decision, Limits, Standing, Usage, VisibleCapability};
 use capgate_core::accounts::SecretRef;
 use capgate_core::capabilities::{ToolDescriptor, Transport};
 use capgate_core::principals::{AuthProblem, Principal};
@@ -295,6 +296,18 @@ async fn decide_once<'a, S: Store>(
             Some(tool) => (tool.capability.as_str(), Some(tool)),
             None => {
                 record::unknown_tool(&mut record);
+                if let Some(shadow) = state.active.shadow() {
+                    let arguments = ask.arguments.as_deref();
+                    record.shadow = shadow::decided(
+                        &record,
+                        &shadow,
+                        &principal,
+                        Some(name),
+                        "",
+                        arguments,
+                        Usage::NotConsulted,
+                    );
+                }
                 let answer = Answer {
                     decision_id: record.decision_id.clone(),
                     at_ms,
@@ -312,6 +325,21 @@ async fn decide_once<'a, S: Store>(
     let ask_to_count = match metering::first(&prepared, &principal.id, capability, at_ms, arguments) {
         metering::First::Final(metered) => {
             let answer = answered(active, &mut record, capability, tool, metered);
+            if let Some(shadow) = state.active.shadow() {
+                let asked_tool = match target {
+                    Target::Tool(name) => Some(name),
+                    Target::Capability(_) => None,
+                };
+                record.shadow = shadow::decided(
+                    &record,
+                    &shadow,
+                    &principal,
+                    asked_tool,
+                    capability,
+                    arguments,
+                    Usage::NotConsulted,
+                );
+            }
             return finish(state, ask, keyed, record, answer, remember).await;
         }
         metering::First::Capped(ask_to_count) => ask_to_count,
@@ -328,6 +356,7 @@ async fn decide_once<'a, S: Store>(
         },
         record,
         arguments: ask.arguments.clone(),
+        shadow: state.active.shadow(),
         remembered: keyed.map(|keyed| (ask.gateway.name.clone(), keyed.key.clone(), keyed.fingerprint)),
         remember: remember.clone(),
     });
@@ -343,6 +372,8 @@ async fn decide_once<'a, S: Store>(
     let prepared = active.policy.ruleset.prepare(&capped.principal);
     let metered = metering::settled(&prepared, capability, at_ms, arguments, tally);
     let answer = answered(active, &mut record, capability, tool, metered);
+    // As the writer made it in the batch: the same inputs give the same shadow side.
+    record.shadow = capped.shadow_side(&record, tally);
     decided_log(&record);
     Ok(answer)
 }
@@ -359,6 +390,8 @@ struct Capped {
     record: AuditRecord,
     /// The call's arguments, which the decision is taken again on.
     arguments: Option<Arc<CallArguments>>,
+    /// The shadow version when the call was asked, evaluated beside the active one.
+    shadow: Option<Arc<Active>>,
     /// `(gateway, request key, fingerprint)` when the answer is remembered for retries.
     remembered: Option<(String, String, Fingerprint)>,
     remember: Remember,
@@ -377,6 +410,7 @@ impl Capped {
         let metered = metering::settled(&prepared, &self.capability, self.record.at_ms, arguments, tally);
         let mut record = self.record.clone();
         let answer = answered(active, &mut record, &self.capability, tool, metered);
+        record.shadow = self.shadow_side(&record, tally);
         let remembered = self.remembered.iter().map(|(gateway, key, fingerprint)| {
             (
                 gateway.clone(),
@@ -391,6 +425,27 @@ impl Capped {
         });
         let remembered = remembered.collect();
         (vec![record], remembered)
+    }
+}
+
+impl Capped {
+    /// The shadow's side of this call, counted as `tally` says, when a shadow decides otherwise
+    /// than `record` (complete) says the active version did.
+    fn shadow_side(
+        &self,
+        record: &AuditRecord,
+        tally: Option<Tally>,
+    ) -> Option<Box<crate::store::ShadowSide>> {
+        let shadow = self.shadow.as_deref()?;
+        shadow::decided(
+            record,
+            shadow,
+            &self.principal,
+            self.target_tool.as_deref(),
+            &self.capability,
+            self.arguments.as_deref(),
+            metering::usage_of(tally),
+        )
     }
 }
 
@@ -469,6 +524,7 @@ async fn finish<'a, S: Store>(
 /// Counts and logs a decision that is being answered.
 fn decided_log(record: &AuditRecord) {
     telemetry::rpc::decided(record);
+    shadow::count(record);
     tracing::debug!(
         decision_id = %record.decision_id,
         outcome = record.outcome.as_str(),
@@ -511,6 +567,10 @@ pub async fn list<'a, S: Store>(
 
     let capabilities = visible(&active.policy.ruleset, principal, at_ms);
     record::listed(&mut record, principal, &capabilities);
+    if let Some(shadow) = state.active.shadow() {
+        record.shadow = shadow::listed(&record, &shadow, principal, &capabilities);
+        shadow::count(&record);
+    }
     let allowed: HashSet<&'a str> = capabilities
         .iter()
         .map(|item| {

@@ -186,7 +186,7 @@ pub(super) fn listed(record: &mut AuditRecord, principal: &Principal, seen: &[Vi
 }
 
 /// The first `ids` that fit in [`MAX_VISIBLE_RECORDED_BYTES`], spaces between them included.
-fn bounded_ids<'a>(ids: impl Iterator<Item = &'a str>) -> Vec<String> {
+pub(super) fn bounded_ids<'a>(ids: impl Iterator<Item = &'a str>) -> Vec<String> {
     let mut bytes = 0;
     ids.take_while(|id| {
         // The first id needs no separator; every later one does.
