@@ -1,7 +1,7 @@
 //! The `capgate` command line: the dry-run commands (`validate`, `explain`,
 //! `visible`, `who-can`, `diff`, `schema`; docs/cli.md) and the service
 //! commands (`serve`, `migrate`, `publish`, `policies`, `audit`, `usage`,
-//! `decide`; docs/service.md), and `completions`. One file per subcommand; `json` converts core types for
+//! `decide`, `replay`; docs/service.md), and `completions`. One file per subcommand; `json` converts core types for
 //! `--json`, `render` writes the human reports, `remote` holds what the
 //! service commands share.
 //!
@@ -26,6 +26,7 @@ mod policies;
 mod publish;
 pub mod remote;
 mod render;
+pub mod replay;
 mod schema;
 mod serve;
 mod test;
@@ -51,9 +52,9 @@ use input::Inputs;
     after_help = "Dry run, from the policy file alone (no server, no network, no credentials):\n  \
                   validate, explain, visible, who-can, diff, test, schema\n\
                   The decision service: serve and migrate run it; decide, publish and policies \
-                  call a running server; audit and usage read its store (usage reset calls the \
+                  call a running server; audit, usage and replay read its store (usage reset calls the \
                   server):\n  \
-                  serve, migrate, decide, publish, policies, audit, usage\n\
+                  serve, migrate, decide, publish, policies, audit, usage, replay\n\
                   The shell:\n  \
                   completions",
     color = clap::ColorChoice::Never,
@@ -95,6 +96,8 @@ enum Command {
     Audit(audit::Args),
     /// Show a principal's usage counters from the store, or reset one through the server.
     Usage(usage::Args),
+    /// Decide the audit trail's records again under a candidate policy, and count what changes.
+    Replay(replay::Args),
     /// Print a shell completion script (bash, zsh, fish).
     Completions(completions::Args),
 }
@@ -185,6 +188,7 @@ where
         Command::Policies(args) => policies::run(args),
         Command::Audit(args) => audit::run(args),
         Command::Usage(args) => usage::run(args),
+        Command::Replay(args) => replay::run(args, &mut inputs),
         Command::Completions(args) => completions::run(args),
     };
     let outcome = result.unwrap_or_else(|failure| match failure {
@@ -230,6 +234,7 @@ impl Command {
                 Some(audit::Command::Prune(prune)) => prune.json,
                 None => args.query.json,
             },
+            Command::Replay(args) => args.common.json,
             // The schema is JSON already; serve and migrate print logs, not documents; a
             // completion script is a script.
             Command::Schema(_) | Command::Serve(_) | Command::Migrate(_) | Command::Completions(_) => false,
