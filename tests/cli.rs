@@ -974,7 +974,7 @@ fn the_top_level_help_says_which_commands_need_a_server() {
         .filter_map(|line| line.split_whitespace().next())
         .filter(|name| *name != "help")
         .collect();
-    assert_eq!(commands.len(), 15, "{}", help.stdout);
+    assert_eq!(commands.len(), 16, "{}", help.stdout);
     let group = |heading: &str| -> Vec<String> {
         let mut lines = help.stdout.lines().skip_while(|line| !line.starts_with(heading));
         lines.next().expect("the heading");
