@@ -138,6 +138,7 @@ pub async fn publish(connection: &Connection, policy: &str) -> Result<(), Failur
             expected_active_revision: None,
             dry_run: false,
             comment: "cargo bench --bench service".to_owned(),
+            shadow: false,
         }))
         .await
         .map_err(|status| Failure::Input(format!("cannot publish the bench policy: {}", status.message())))?
@@ -621,6 +622,9 @@ fn audit_row(sequence: usize) -> AuditRecord {
         arguments_digest: None,
         arguments: None,
         arguments_omitted: None,
+        // An identified principal's attributes, as the service keeps them for a replay.
+        attributes: Some("{}".to_owned()),
+        shadow: None,
     }
 }
 
