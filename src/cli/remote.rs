@@ -237,8 +237,11 @@ mod tests {
         assert_eq!(parse_duration("50ms"), Ok(Duration::from_millis(50)));
         assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
-        for bad in ["", "ms", "1h", "-1s", "1.5s"] {
+        assert_eq!(parse_duration("12h"), Ok(Duration::from_secs(12 * 3600)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        for bad in ["", "ms", "1w", "1y", "-1s", "1.5s", "1 h"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+        assert!(parse_duration("999999999999d").is_err(), "overflow is refused");
     }
 }
