@@ -89,7 +89,7 @@ use std::time::Instant;
 use capgate::cli::remote::runtime;
 use capgate::cli::Failure;
 use capgate::service::{self, Config, PolicyFile, Running};
-use capgate::store::{Store, StoreOptions};
+use capgate::store::{ShadowFilter, Store, StoreOptions};
 use clap::Parser as _;
 
 use callers::{Load, Measured, Window};
@@ -419,6 +419,10 @@ fn drive<S: Store>(
                     },
                     _ => Load::Decide(&requests),
                 };
+                if let Some(shadow) = scenario.shadow() {
+                    let artifact = callers::shadow_policy(&key_file, shadow);
+                    client_runtime.block_on(callers::set_shadow(&connections[0], Some(&artifact)))?;
+                }
                 results.push(client_runtime.block_on(callers::measure_calls(
                     some,
                     load,
@@ -426,6 +430,18 @@ fn drive<S: Store>(
                     scenario.name(),
                     scenario.label().to_owned(),
                 )));
+                if scenario.shadow().is_some() {
+                    client_runtime.block_on(callers::set_shadow(&connections[0], None))?;
+                    // What the scenario rests on, seen in the store: an agreeing shadow leaves the
+                    // count where it was, a differing one adds one row per call it measured.
+                    let counted = server_runtime
+                        .block_on(store.shadow_counts(&ShadowFilter::default()))
+                        .map_err(|error| Failure::Input(error.to_string()))?;
+                    let differences: u64 = counted.iter().map(|count| count.records).sum();
+                    progress(&format!(
+                        "{differences} shadow difference(s) recorded in this run so far"
+                    ));
+                }
             }
         }
     }

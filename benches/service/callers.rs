@@ -16,7 +16,7 @@ use capgate::wire::proto::decision_service_client::DecisionServiceClient;
 use capgate::wire::proto::policy_service_client::PolicyServiceClient;
 use capgate::wire::proto::{
     decide_request, decide_response, AssertedPrincipal, Attribute, DecideRequest, Outcome as DecisionOutcome,
-    PublishPolicyRequest, ReasonCode,
+    PublishPolicyRequest, ReasonCode, SetShadowPolicyRequest,
 };
 use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
 use envoy_types::pb::envoy::service::auth::v3::{attribute_context, AttributeContext, CheckRequest};
@@ -32,7 +32,7 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 use uuid::Uuid;
 
-use crate::plan::{Plan, Scenario};
+use crate::plan::{Plan, Scenario, Shadow};
 use crate::progress;
 
 /// The policy every run publishes: one issuer, one account, an uncapped
@@ -42,6 +42,35 @@ use crate::progress;
 /// ext_authz scenario forwards the caller's own credential, since Envoy cannot assert one.
 pub fn policy(key_file: &Path) -> String {
     POLICY.replace("{key_file}", &key_file.display().to_string())
+}
+
+/// The shadow version a shadow scenario sets beside [`policy`]: the bench policy with one more grant
+/// (to a team no bench caller is in), which decides every bench call as the active version does; or,
+/// for [`Shadow::Differs`], one that also runs the uncapped tool as another account, so that every
+/// uncapped call is a difference.
+pub fn shadow_policy(key_file: &Path, shadow: Shadow) -> String {
+    let mut artifact = policy(key_file);
+    artifact.push_str(
+        r#"  - to:
+      issuer: bench
+      attributes: { team: audit }
+    capabilities: [bench.free.call]
+    using: bench-runner
+"#,
+    );
+    if shadow == Shadow::Differs {
+        artifact = artifact
+            .replace(
+                "accounts:\n",
+                "accounts:\n  - id: bench-other\n    secret: { ref: \"env://CAPGATE_BENCH_OTHER_TOKEN\" }\n",
+            )
+            .replacen(
+                "    capabilities: [bench.free.call]\n    using: bench-runner\n",
+                "    capabilities: [bench.free.call]\n    using: bench-other\n",
+                1,
+            );
+    }
+    artifact
 }
 
 /// The API key of the bench's `static-key` issuer.
@@ -150,6 +179,43 @@ pub async fn publish(connection: &Connection, policy: &str) -> Result<(), Failur
     Ok(())
 }
 
+/// Publishes `artifact` as the shadow version (`shadow: Some`) or clears the shadow pointer. The
+/// replica that answers installs it before it answers, and the bench drives one replica.
+pub async fn set_shadow(connection: &Connection, artifact: Option<&str>) -> Result<(), Failure> {
+    let mut client = PolicyServiceClient::new(connection.channel.clone());
+    match artifact {
+        Some(artifact) => {
+            let published = client
+                .publish_policy(connection.request(PublishPolicyRequest {
+                    artifact: artifact.to_owned(),
+                    catalog: None,
+                    expected_active_revision: None,
+                    dry_run: false,
+                    comment: "cargo bench --bench service: a shadow scenario".to_owned(),
+                    shadow: true,
+                }))
+                .await
+                .map_err(|status| {
+                    Failure::Input(format!("cannot publish the shadow version: {}", status.message()))
+                })?
+                .into_inner();
+            if !published.accepted {
+                return Err(Failure::Input("the server refused the shadow version".to_owned()));
+            }
+            progress(&format!("shadow version set: revision {}", published.revision));
+        }
+        None => {
+            client
+                .set_shadow_policy(connection.request(SetShadowPolicyRequest { revision: None }))
+                .await
+                .map_err(|status| {
+                    Failure::Input(format!("cannot clear the shadow version: {}", status.message()))
+                })?;
+        }
+    }
+    Ok(())
+}
+
 // ── What is sent ───────────────────────────────────────────────────────────
 
 /// The requests a scenario rotates through.
@@ -160,8 +226,12 @@ pub fn requests(scenario: Scenario, principals: usize) -> Vec<DecideRequest> {
         | Scenario::ExtMcpUncapped
         | Scenario::ExtAuthzUncapped
         | Scenario::AuthzenUncapped
-        | Scenario::ForwardAuthUncapped => ("bench__free", principals),
-        Scenario::Capped | Scenario::ExtMcpCapped | Scenario::AuthzenCapped => ("bench__metered", principals),
+        | Scenario::ForwardAuthUncapped
+        | Scenario::UncappedShadow
+        | Scenario::UncappedShadowDiffers => ("bench__free", principals),
+        Scenario::Capped | Scenario::ExtMcpCapped | Scenario::AuthzenCapped | Scenario::CappedShadow => {
+            ("bench__metered", principals)
+        }
         Scenario::CappedHot | Scenario::ExtAuthzCappedHot => ("bench__metered", 1),
     };
     (0..count)

@@ -8,8 +8,8 @@ use std::panic;
 
 use clap::Parser as _;
 
-use crate::callers::{percentile, policy, Measured, Tally};
-use crate::plan::{check_loopback, Args, Plan, Scenario};
+use crate::callers::{percentile, policy, shadow_policy, Measured, Tally};
+use crate::plan::{check_loopback, Args, Plan, Scenario, Shadow};
 use crate::report::Paired;
 use crate::summary::{median, summarize};
 
@@ -26,6 +26,10 @@ const ALL: &[(&str, fn())] = &[
     (
         "the_bench_policy_compiles_cleanly",
         the_bench_policy_compiles_cleanly,
+    ),
+    (
+        "the_shadow_versions_agree_and_differ_as_named",
+        the_shadow_versions_agree_and_differ_as_named,
     ),
     (
         "plans_are_bounded_and_deduplicated",
@@ -91,6 +95,58 @@ fn the_bench_policy_compiles_cleanly() {
     assert!(compiled.diagnostics.is_empty(), "{:?}", compiled.diagnostics);
 }
 
+/// The effective changes from the bench policy to a shadow version, for the bench's own callers
+/// (issuer `bench`, team `load`), as `(capability, kind, account before, account after)`.
+fn bench_changes(shadow: Shadow) -> Vec<(String, &'static str, Option<String>, Option<String>)> {
+    use capgate_core::access::{effective_diff, Side};
+    let key = std::path::Path::new("/bench/key");
+    let compile = |artifact: String| {
+        let compiled = capgate_core::policy::compile(artifact.as_bytes(), None);
+        assert!(compiled.diagnostics.is_empty(), "{:?}", compiled.diagnostics);
+        compiled.policy.expect("it compiles")
+    };
+    let (active, candidate) = (compile(policy(key)), compile(shadow_policy(key, shadow)));
+    let (before, after) = (active.issuer_ids(), candidate.issuer_ids());
+    effective_diff(
+        Side {
+            ruleset: &active.ruleset,
+            issuers: &before,
+        },
+        Side {
+            ruleset: &candidate.ruleset,
+            issuers: &after,
+        },
+    )
+    .into_iter()
+    .filter(|change| {
+        change.issuer == "bench" && change.attributes.get("team").map(String::as_str) == Some("load")
+    })
+    .map(|change| {
+        (
+            change.capability,
+            change.kind.as_str(),
+            change.before.and_then(|summary| summary.account),
+            change.after.and_then(|summary| summary.account),
+        )
+    })
+    .collect()
+}
+
+/// What the shadow scenarios measure rests on their names: an agreeing shadow changes nothing for
+/// the bench's callers, a differing one changes the uncapped tool's account and nothing else.
+fn the_shadow_versions_agree_and_differ_as_named() {
+    assert_eq!(bench_changes(Shadow::Agrees), []);
+    assert_eq!(
+        bench_changes(Shadow::Differs),
+        [(
+            "bench.free.call".to_owned(),
+            "changed",
+            Some("bench-runner".to_owned()),
+            Some("bench-other".to_owned())
+        )]
+    );
+}
+
 fn plans_are_bounded_and_deduplicated() {
     let plan = |arguments: &[&str]| {
         let args = Args::try_parse_from(["service"].iter().chain(arguments)).expect("the arguments parse");
@@ -113,7 +169,10 @@ fn plans_are_bounded_and_deduplicated() {
             Scenario::ForwardAuthUncapped,
             Scenario::ExtMcpCapped,
             Scenario::AuthzenCapped,
-            Scenario::ExtAuthzCappedHot
+            Scenario::ExtAuthzCappedHot,
+            Scenario::UncappedShadow,
+            Scenario::CappedShadow,
+            Scenario::UncappedShadowDiffers
         ]
     );
     for refused in [

@@ -116,7 +116,16 @@ pub enum ScenarioArg {
     /// The capped grant through ext_authz: the static key is one principal, so one counter row,
     /// against `capped-hot`.
     ExtAuthzCappedHot,
-    /// All eleven.
+    /// `uncapped` with a shadow version set that decides these calls as the active one does: every
+    /// call evaluated twice, no difference recorded. Against `uncapped`.
+    UncappedShadow,
+    /// `capped` with that shadow version: the shadow's ceiling compared with the usage the active
+    /// decision saw. Against `capped`.
+    CappedShadow,
+    /// `uncapped` with a shadow version that runs these calls as another account: every call a
+    /// difference, written with its audit record. The worst case, against `uncapped`.
+    UncappedShadowDiffers,
+    /// All fourteen.
     All,
 }
 
@@ -134,9 +143,29 @@ pub enum Scenario {
     ExtMcpCapped,
     AuthzenCapped,
     ExtAuthzCappedHot,
+    UncappedShadow,
+    CappedShadow,
+    UncappedShadowDiffers,
+}
+
+/// The shadow version a scenario runs beside the bench policy, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shadow {
+    /// Decides the bench's calls as the active version does.
+    Agrees,
+    /// Runs the uncapped calls as another account.
+    Differs,
 }
 
 impl Scenario {
+    pub fn shadow(self) -> Option<Shadow> {
+        match self {
+            Scenario::UncappedShadow | Scenario::CappedShadow => Some(Shadow::Agrees),
+            Scenario::UncappedShadowDiffers => Some(Shadow::Differs),
+            _ => None,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Scenario::Uncapped => "decide-uncapped",
@@ -150,6 +179,9 @@ impl Scenario {
             Scenario::ExtMcpCapped => "ext-mcp-capped",
             Scenario::AuthzenCapped => "authzen-capped",
             Scenario::ExtAuthzCappedHot => "ext-authz-capped-hot",
+            Scenario::UncappedShadow => "decide-uncapped-shadow",
+            Scenario::CappedShadow => "decide-capped-shadow",
+            Scenario::UncappedShadowDiffers => "decide-uncapped-shadow-differs",
         }
     }
 
@@ -166,6 +198,9 @@ impl Scenario {
             Scenario::ExtMcpCapped => "ExtMCP CheckRequest capped",
             Scenario::AuthzenCapped => "AuthZEN evaluation capped",
             Scenario::ExtAuthzCappedHot => "ext_authz Check capped, one key",
+            Scenario::UncappedShadow => "Decide uncapped, shadow agrees",
+            Scenario::CappedShadow => "Decide capped, shadow agrees",
+            Scenario::UncappedShadowDiffers => "Decide uncapped, shadow differs",
         }
     }
 }
@@ -231,6 +266,9 @@ impl Plan {
                 ScenarioArg::ExtMcpCapped => &[Scenario::ExtMcpCapped],
                 ScenarioArg::AuthzenCapped => &[Scenario::AuthzenCapped],
                 ScenarioArg::ExtAuthzCappedHot => &[Scenario::ExtAuthzCappedHot],
+                ScenarioArg::UncappedShadow => &[Scenario::UncappedShadow],
+                ScenarioArg::CappedShadow => &[Scenario::CappedShadow],
+                ScenarioArg::UncappedShadowDiffers => &[Scenario::UncappedShadowDiffers],
                 ScenarioArg::All => &[
                     Scenario::Uncapped,
                     Scenario::Capped,
@@ -243,6 +281,9 @@ impl Plan {
                     Scenario::ExtMcpCapped,
                     Scenario::AuthzenCapped,
                     Scenario::ExtAuthzCappedHot,
+                    Scenario::UncappedShadow,
+                    Scenario::CappedShadow,
+                    Scenario::UncappedShadowDiffers,
                 ],
             };
             for scenario in some {

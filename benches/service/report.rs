@@ -62,6 +62,24 @@ const COMPARISONS: &[Comparison] = &[
         over: "decide-capped-hot",
         under: "hot-row",
     },
+    Comparison {
+        key: "uncapped_shadow_over_uncapped",
+        label: "uncapped with shadow ÷ uncapped",
+        over: "decide-uncapped-shadow",
+        under: "decide-uncapped",
+    },
+    Comparison {
+        key: "capped_shadow_over_capped",
+        label: "capped with shadow ÷ capped",
+        over: "decide-capped-shadow",
+        under: "decide-capped",
+    },
+    Comparison {
+        key: "uncapped_shadow_differs_over_uncapped",
+        label: "uncapped, shadow differs ÷ uncapped",
+        over: "decide-uncapped-shadow-differs",
+        under: "decide-uncapped",
+    },
 ];
 
 /// `/proc/loadavg`'s three averages, where there is one.
