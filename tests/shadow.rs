@@ -30,6 +30,7 @@ enum Kind {
 crate::on_both_stores! {
     a_shadow_version_records_what_it_would_change_and_changes_no_answer,
     the_store_keeps_the_shadow_pointer_and_its_differences,
+    activating_the_shadow_version_retires_the_shadow,
 }
 
 /// The example with a ceiling of one call an hour on support's ticket reading, and a grant of
@@ -196,6 +197,11 @@ async fn a_shadow_version_records_what_it_would_change_and_changes_no_answer(kin
         (&versions[1]["active"], &versions[1]["shadow"]),
         (&json!(true), &json!(false))
     );
+    // Every answer that names a version flags it as the pointers say.
+    let two = json_of(&["policies", "show", "2", "--json", "--server", &server]);
+    assert_eq!((&two["shadow"], &two["active"]), (&json!(true), &json!(false)));
+    let one = json_of(&["policies", "show", "1", "--json", "--server", &server]);
+    assert_eq!((&one["shadow"], &one["active"]), (&json!(false), &json!(true)));
 
     // Answers are the active version's: Ana reads twice (600 an hour), Dee may not read tickets.
     for _ in 0..2 {
@@ -481,4 +487,77 @@ async fn the_store_keeps_the_shadow_pointer_and_its_differences(kind: Kind) {
         left.iter().map(|r| r.decision_id.as_str()).collect::<Vec<_>>(),
         ["d2"]
     );
+}
+
+fn version(label: &str, catalog: Option<&str>) -> NewPolicy {
+    NewPolicy {
+        version: label.to_owned(),
+        artifact: POLICY.to_owned(),
+        catalog: catalog.map(str::to_owned),
+        author: "ops".to_owned(),
+        comment: String::new(),
+        created_at_ms: 2_000,
+    }
+}
+
+/// A shadow equal to the active version would record nothing and cost an evaluation per call: the
+/// transaction that activates the shadow's artifact and catalog (under its revision or a new one)
+/// clears the pointer. Activating anything else leaves it.
+async fn activating_the_shadow_version_retires_the_shadow(kind: Kind) {
+    let place = place(kind).await;
+    let store = open(&place.url).await;
+    let by = Actor {
+        name: "ops".to_owned(),
+        at_ms: 3_000,
+    };
+    let shadow_revision = |store: AnyStore| async move {
+        store
+            .shadow_policy()
+            .await
+            .expect("read")
+            .map(|shadow| (shadow.policy.revision, shadow.set.name))
+    };
+    let first = store
+        .publish_shadow(version("sha256:aa", None))
+        .await
+        .expect("shadow");
+    // Another version activated: the shadow stays.
+    let published = store
+        .publish(version("sha256:bb", None), None)
+        .await
+        .expect("publish");
+    assert!(matches!(published, capgate::store::PublishOutcome::Activated(_)));
+    assert_eq!(
+        shadow_revision(store.clone()).await,
+        Some((first.revision, "ops".to_owned()))
+    );
+    // The same artifact with another catalog is another version: the shadow stays.
+    store
+        .publish(version("sha256:aa", Some("{}")), None)
+        .await
+        .expect("publish");
+    assert_eq!(
+        shadow_revision(store.clone()).await.map(|(revision, _)| revision),
+        Some(first.revision)
+    );
+    // The shadow's own artifact and catalog published again (a new revision): retired.
+    store
+        .publish(version("sha256:aa", None), None)
+        .await
+        .expect("publish");
+    assert_eq!(shadow_revision(store.clone()).await, None);
+    // The shadow's revision activated by number (a rollback or a promotion): retired, by its actor.
+    let second = store
+        .publish_shadow(version("sha256:cc", None))
+        .await
+        .expect("shadow");
+    assert!(store.set_shadow(Some(second.revision), &by).await.expect("set"));
+    assert!(matches!(
+        store
+            .activate(second.revision, None, &by)
+            .await
+            .expect("activate"),
+        capgate::store::ActivateOutcome::Activated(_)
+    ));
+    assert_eq!(shadow_revision(store.clone()).await, None);
 }

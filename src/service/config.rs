@@ -214,6 +214,12 @@ impl Config {
                 )));
             }
         }
+        if self.shadow_retention.is_zero() {
+            // Zero would delete every difference the hour it was recorded: nothing left to report.
+            return Err(ConfigError::Invalid(
+                "`--shadow-retention` must be longer than 0ms".to_owned(),
+            ));
+        }
         if self.audit_batch == 0 {
             return Err(ConfigError::Invalid(
                 "--audit-batch must be at least 1".to_owned(),
@@ -426,6 +432,14 @@ mod tests {
             config.check(),
             Err(ConfigError::Invalid(
                 "`--max-concurrent-streams` must be at least 1".into()
+            ))
+        );
+        config.connections.max_concurrent_streams = 1;
+        config.shadow_retention = Duration::ZERO;
+        assert_eq!(
+            config.check(),
+            Err(ConfigError::Invalid(
+                "`--shadow-retention` must be longer than 0ms".into()
             ))
         );
     }

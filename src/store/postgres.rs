@@ -390,7 +390,8 @@ async fn notify(connection: &mut PgConnection, revision: u64, persistent: bool) 
     Ok(())
 }
 
-/// Records that `to` became active (from `from`), as part of `operation`'s transaction.
+/// Records that `to` became active (from `from`), as part of `operation`'s transaction, and
+/// retires the shadow version if it is `to`'s artifact and catalog (docs/decisions/0035).
 async fn record_activation(
     connection: &mut PgConnection,
     by: &Actor,
@@ -410,6 +411,14 @@ async fn record_activation(
                 .transpose()?,
         )
         .bind(sql::to_bigint(to, "to_revision")?)
+        .execute(&mut *connection)
+        .await
+        .during(operation)?;
+    sqlx::query(sql::RETIRE_SHADOW)
+        .persistent(persistent)
+        .bind(sql::to_bigint(to, "to_revision")?)
+        .bind(by.at_ms)
+        .bind(&by.name)
         .execute(connection)
         .await
         .during(operation)?;
@@ -1448,6 +1457,63 @@ const DELETE_EMPTIED: &str =
     "DELETE FROM usage_counters AS c USING UNNEST($1::text[], $2::text[]) AS u(p, cap) \
      WHERE c.principal_id = u.p AND c.capability = u.cap AND c.calls = 0";
 
+/// Inserts a batch's shadow differences: one statement whatever their number, the rows travelling
+/// as one array per column, as the audit rows do. A shadow that differs on most calls (a change
+/// under review) then costs a statement per batch, not one per call.
+const INSERT_SHADOW_ROWS: &str = "INSERT INTO shadow_differences (decision_id, at, kind, transition, \
+     active_revision, shadow_revision, principal_id, capability, tool, active_outcome, active_code, \
+     active_path, active_account, active_limit_calls, active_limit_per, shadow_outcome, shadow_code, \
+     shadow_path, shadow_account, shadow_limit_calls, shadow_limit_per, gained, lost) \
+     SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], \
+     $6::bigint[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], \
+     $13::text[], $14::bigint[], $15::text[], $16::text[], $17::text[], $18::text[], $19::text[], \
+     $20::bigint[], $21::text[], $22::text[], $23::text[]) \
+     ON CONFLICT DO NOTHING";
+
+async fn insert_shadow(
+    tx: &mut PgConnection,
+    rows: Vec<ShadowColumns>,
+    persistent: bool,
+) -> Result<(), sqlx::Error> {
+    // One vector per column, filled in one pass.
+    macro_rules! columns {
+        ($($column:ident),* $(,)?) => {{
+            $(let mut $column = Vec::with_capacity(rows.len());)*
+            for row in rows {
+                $($column.push(row.$column);)*
+            }
+            sqlx::query(INSERT_SHADOW_ROWS)$(.bind($column))*
+        }};
+    }
+    let query = columns!(
+        decision_id,
+        at,
+        kind,
+        transition,
+        active_revision,
+        shadow_revision,
+        principal_id,
+        capability,
+        tool,
+        active_outcome,
+        active_code,
+        active_path,
+        active_account,
+        active_limit_calls,
+        active_limit_per,
+        shadow_outcome,
+        shadow_code,
+        shadow_path,
+        shadow_account,
+        shadow_limit_calls,
+        shadow_limit_per,
+        gained,
+        lost,
+    );
+    query.persistent(persistent).execute(&mut *tx).await?;
+    Ok(())
+}
+
 /// Inserts an audit batch into `tx`, as `append_audit` describes, writing
 /// back `counters` in the same statement when there are any (their emptied
 /// rows, if any, deleted by one of its own first).
@@ -1517,36 +1583,8 @@ async fn insert_audit(
         };
         query.persistent(persistent).execute(&mut *tx).await?;
     }
-    // A statement per difference: a shadow that differs on most requests is a change under
-    // review, not a steady state (docs/decisions/0035).
-    for row in shadow {
-        sqlx::query(sql::INSERT_SHADOW)
-            .bind(row.decision_id)
-            .bind(row.at)
-            .bind(row.kind)
-            .bind(row.transition)
-            .bind(row.active_revision)
-            .bind(row.shadow_revision)
-            .bind(row.principal_id)
-            .bind(row.capability)
-            .bind(row.tool)
-            .bind(row.active_outcome)
-            .bind(row.active_code)
-            .bind(row.active_path)
-            .bind(row.active_account)
-            .bind(row.active_limit_calls)
-            .bind(row.active_limit_per)
-            .bind(row.shadow_outcome)
-            .bind(row.shadow_code)
-            .bind(row.shadow_path)
-            .bind(row.shadow_account)
-            .bind(row.shadow_limit_calls)
-            .bind(row.shadow_limit_per)
-            .bind(row.gained)
-            .bind(row.lost)
-            .persistent(persistent)
-            .execute(&mut *tx)
-            .await?;
+    if !shadow.is_empty() {
+        insert_shadow(tx, shadow, persistent).await?;
     }
     if !remembered.is_empty() {
         let mut gateways = Vec::with_capacity(remembered.len());

@@ -648,6 +648,13 @@ pub(super) const INSERT_POLICY: &str = "INSERT INTO policy_versions \
 /// Points the shadow at `$1` (NULL: none), set by `$3` at `$2`.
 pub(super) const SET_SHADOW: &str = "UPDATE shadow_policy SET revision = $1, set_at = $2, set_by = $3";
 
+/// Clears the shadow pointer (set by `$3` at `$2`) when the shadow version is the one revision `$1`
+/// holds — the same artifact and catalog, under whichever revision — because `$1` just became active:
+/// a shadow equal to the active version can record nothing and would cost an evaluation per call.
+pub(super) const RETIRE_SHADOW: &str = "UPDATE shadow_policy SET revision = NULL, set_at = $2, set_by = $3 \
+     WHERE revision IN (SELECT o.revision FROM policy_versions o JOIN policy_versions a ON a.revision = $1 \
+     WHERE o.version = a.version AND COALESCE(o.catalog, '') = COALESCE(a.catalog, ''))";
+
 /// Removes the differences recorded before `$1`.
 pub(super) const PRUNE_SHADOW: &str = "DELETE FROM shadow_differences WHERE at < $1";
 

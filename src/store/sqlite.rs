@@ -444,7 +444,8 @@ async fn active_revision(connection: &mut SqliteConnection) -> Result<Option<i64
         .await
 }
 
-/// Records that `to` became active (from `from`), as part of `operation`'s transaction.
+/// Records that `to` became active (from `from`), as part of `operation`'s transaction, and
+/// retires the shadow version if it is `to`'s artifact and catalog (docs/decisions/0035).
 async fn record_activation(
     connection: &mut SqliteConnection,
     by: &Actor,
@@ -462,6 +463,13 @@ async fn record_activation(
                 .transpose()?,
         )
         .bind(sql::to_bigint(to, "to_revision")?)
+        .execute(&mut *connection)
+        .await
+        .during(operation)?;
+    sqlx::query(sql::RETIRE_SHADOW)
+        .bind(sql::to_bigint(to, "to_revision")?)
+        .bind(by.at_ms)
+        .bind(&by.name)
         .execute(connection)
         .await
         .during(operation)?;

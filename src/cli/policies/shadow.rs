@@ -208,7 +208,7 @@ fn report(args: &Report) -> Result<Outcome, Failure> {
             .map_err(|error| args.database.explain(error))?;
         Ok::<_, Failure>((counts, differences))
     })?;
-    // Widening first, as a reviewer reads a change.
+    // Newest shadow first, each in replay's order of transitions: deny → allow (widening) first.
     let mut counts = counts;
     counts.sort_by_key(|count| {
         (

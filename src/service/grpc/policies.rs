@@ -145,6 +145,32 @@ impl<S: Store> Policies<S> {
             }
         }
     }
+
+    /// The revisions the store's two pointers name now, for the flags of a [`PolicyVersion`].
+    async fn pointers(&self) -> Result<Pointers, Status> {
+        let store = &self.state.store;
+        let active = store.active_policy().await.map_err(|error| unavailable(&error))?;
+        let shadow = store.shadow_policy().await.map_err(|error| unavailable(&error))?;
+        Ok(Pointers {
+            active: active.map(|stored| stored.revision),
+            shadow: shadow.map(|shadow| shadow.policy.revision),
+        })
+    }
+}
+
+/// Which revisions are active and shadow, read from the store.
+struct Pointers {
+    active: Option<u64>,
+    shadow: Option<u64>,
+}
+
+impl Pointers {
+    /// `stored` as the wire lists it, flagged as these pointers say.
+    fn version(&self, stored: &StoredPolicy) -> crate::wire::proto::PolicyVersion {
+        let mut version = policy_version(stored, self.active == Some(stored.revision));
+        version.shadow = self.shadow == Some(stored.revision);
+        version
+    }
 }
 
 fn unavailable(error: &StoreError) -> Status {
@@ -378,7 +404,8 @@ impl<S: Store> PolicyService for Policies<S> {
             .map_err(|error| unavailable(&error))?
             .ok_or_else(|| Status::not_found("no policy version is active"))?;
         traced(Some(stored.revision), Some(&stored.version));
-        let version = policy_version(&stored, true);
+        let mut version = policy_version(&stored, true);
+        version.shadow = self.pointers().await?.shadow == Some(stored.revision);
         let StoredPolicy {
             artifact, catalog, ..
         } = stored;
@@ -396,27 +423,15 @@ impl<S: Store> PolicyService for Policies<S> {
         self.state.tokens.authorize(request.metadata(), Role::Admin)?;
         let ListPolicyVersionsRequest { limit } = request.into_inner();
         let limit = list_limit(limit);
-        let store = &self.state.store;
-        let active = store
-            .active_policy()
-            .await
-            .map_err(|error| unavailable(&error))?
-            .map(|stored| stored.revision);
-        let shadow = store
-            .shadow_policy()
-            .await
-            .map_err(|error| unavailable(&error))?
-            .map(|shadow| shadow.policy.revision);
-        let versions = store
+        let pointers = self.pointers().await?;
+        let versions = self
+            .state
+            .store
             .list_policies(limit)
             .await
             .map_err(|error| unavailable(&error))?
             .iter()
-            .map(|stored| {
-                let mut version = policy_version(stored, Some(stored.revision) == active);
-                version.shadow = Some(stored.revision) == shadow;
-                version
-            })
+            .map(|stored| pointers.version(stored))
             .collect();
         Ok(Response::new(ListPolicyVersionsResponse { versions }))
     }
@@ -477,8 +492,11 @@ impl<S: Store> PolicyService for Policies<S> {
                 if let Err(error) = self.state.active.refresh(store, Some(Arc::new(candidate))).await {
                     tracing::warn!(%error, "activated, but not yet installed on this replica");
                 }
+                // Activating the shadow's artifact retired the shadow, in the same transaction.
+                let mut version = policy_version(&stored, true);
+                version.shadow = self.pointers().await?.shadow == Some(revision);
                 Ok(Response::new(ActivatePolicyResponse {
-                    version: Some(policy_version(&stored, true)),
+                    version: Some(version),
                     changes,
                 }))
             }
@@ -573,6 +591,7 @@ impl<S: Store> PolicyService for Policies<S> {
         };
         traced(Some(shadow.policy.revision), Some(&shadow.policy.version));
         let mut version = policy_version(&shadow.policy, false);
+        version.active = self.pointers().await?.active == Some(shadow.policy.revision);
         version.shadow = true;
         Ok(Response::new(GetShadowPolicyResponse {
             version: Some(version),
@@ -594,13 +613,8 @@ impl<S: Store> PolicyService for Policies<S> {
             .await
             .map_err(|error| unavailable(&error))?
             .ok_or_else(|| Status::not_found(format!("no stored revision {revision}")))?;
-        let active = store
-            .active_policy()
-            .await
-            .map_err(|error| unavailable(&error))?
-            .is_some_and(|active| active.revision == revision);
         traced(None, Some(&stored.version));
-        let version = policy_version(&stored, active);
+        let version = self.pointers().await?.version(&stored);
         let StoredPolicy {
             artifact, catalog, ..
         } = stored;
