@@ -105,6 +105,20 @@ impl Transition {
     }
 }
 
+/// Whether two ceilings are the same rule: the same calls over the same window, however the window
+/// is written (`1h` and `60m` are one window; a window the core cannot read compares as written).
+fn same_ceiling(before: Option<(u64, &str)>, after: Option<(u64, &str)>) -> bool {
+    use capgate_core::policy::syntax::window_ms;
+    match (before, after) {
+        (None, None) => true,
+        (Some((calls, per)), Some((other_calls, other_per))) => {
+            calls == other_calls
+                && (per == other_per || window_ms(per).is_some_and(|window| window_ms(other_per) == Some(window)))
+        }
+        _ => false,
+    }
+}
+
 /// How `after` differs from `before`; `None` when a gateway could not tell them apart and they
 /// give the same reason.
 pub fn transition(before: &Side<'_>, after: &Side<'_>) -> Option<Transition> {
@@ -112,7 +126,7 @@ pub fn transition(before: &Side<'_>, after: &Side<'_>) -> Option<Transition> {
         (false, true) => Some(Transition::DenyToAllow),
         (true, false) => Some(Transition::AllowToDeny),
         (true, true) if before.account != after.account => Some(Transition::AccountChanged),
-        (true, true) if before.ceiling != after.ceiling => Some(Transition::CeilingChanged),
+        (true, true) if !same_ceiling(before.ceiling, after.ceiling) => Some(Transition::CeilingChanged),
         _ if before.code != after.code || before.path != after.path => Some(Transition::ReasonChanged),
         _ => None,
     }
@@ -187,6 +201,13 @@ mod tests {
         assert_eq!(transition(&a, &other), Some(Transition::AccountChanged));
         let looser = allow("support", Some((100, "1h")), "/grants/1");
         assert_eq!(transition(&a, &looser), Some(Transition::CeilingChanged));
+        // One window written two ways is one ceiling; a record's `60m` against a candidate's `1h`
+        // is no change.
+        assert_eq!(transition(&a, &allow("support", Some((10, "60m")), "/grants/0")), None);
+        assert_eq!(
+            transition(&a, &allow("support", Some((10, "2h")), "/grants/0")),
+            Some(Transition::CeilingChanged)
+        );
         let uncapped = allow("support", None, "/grants/0");
         assert_eq!(transition(&a, &uncapped), Some(Transition::CeilingChanged));
         let moved = allow("support", Some((10, "1h")), "/grants/3");
