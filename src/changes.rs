@@ -113,7 +113,8 @@ fn same_ceiling(before: Option<(u64, &str)>, after: Option<(u64, &str)>) -> bool
         (None, None) => true,
         (Some((calls, per)), Some((other_calls, other_per))) => {
             calls == other_calls
-                && (per == other_per || window_ms(per).is_some_and(|window| window_ms(other_per) == Some(window)))
+                && (per == other_per
+                    || window_ms(per).is_some_and(|window| window_ms(other_per) == Some(window)))
         }
         _ => false,
     }
@@ -203,7 +204,10 @@ mod tests {
         assert_eq!(transition(&a, &looser), Some(Transition::CeilingChanged));
         // One window written two ways is one ceiling; a record's `60m` against a candidate's `1h`
         // is no change.
-        assert_eq!(transition(&a, &allow("support", Some((10, "60m")), "/grants/0")), None);
+        assert_eq!(
+            transition(&a, &allow("support", Some((10, "60m")), "/grants/0")),
+            None
+        );
         assert_eq!(
             transition(&a, &allow("support", Some((10, "2h")), "/grants/0")),
             Some(Transition::CeilingChanged)
