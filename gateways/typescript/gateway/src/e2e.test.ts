@@ -6,14 +6,11 @@
 //! TypeScript side on its own.
 
 import { strict as assert } from "node:assert";
-import { spawn, type ChildProcess } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { createHash } from "node:crypto";
 import { mkdtempSync, writeFileSync } from "node:fs";
-import { createServer } from "node:net";
-import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { after, before, describe, test } from "node:test";
 import { Client, ProtocolError, StreamableHTTPClientTransport } from "@modelcontextprotocol/client";
@@ -21,6 +18,7 @@ import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
 import { createCapgateClient } from "@capgate/client";
 import { startCapgate, type Capgate } from "@capgate/client/testing";
 import { startProvider, type Provider } from "./testing/oidc.js";
+import { closedPort, startAndWait, stop } from "./testing/processes.js";
 
 const CLI = fileURLToPath(new URL("./cli.js", import.meta.url));
 const UPSTREAM = fileURLToPath(new URL("./testing/upstream.js", import.meta.url));
@@ -124,47 +122,6 @@ function catalogYaml(): string {
         ("schema" in t ? `    inputSchema: ${t.schema}\n` : ""),
     )
     .join("")}`;
-}
-
-/** A port with nothing listening on it. */
-async function closedPort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const port = (server.address() as AddressInfo).port;
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
-
-/** Starts a process and resolves with the first stdout/stderr JSON line `pick` accepts. */
-function startAndWait(
-  args: string[],
-  env: NodeJS.ProcessEnv,
-  pick: (line: Record<string, unknown>) => string | undefined,
-  logs: string[],
-): Promise<{ child: ChildProcess; value: string }> {
-  const child = spawn(process.execPath, args, { env, stdio: ["ignore", "pipe", "pipe"] });
-  return new Promise((resolve, reject) => {
-    const onLine = (line: string) => {
-      logs.push(line);
-      try {
-        const value = pick(JSON.parse(line) as Record<string, unknown>);
-        if (value !== undefined) resolve({ child, value });
-      } catch {
-        // not JSON: kept in logs, checked by the log test
-      }
-    };
-    createInterface({ input: child.stdout! }).on("line", onLine);
-    createInterface({ input: child.stderr! }).on("line", onLine);
-    child.once("exit", (code) => reject(new Error(`${args.join(" ")} exited ${code}:\n${logs.join("\n")}`)));
-  });
-}
-
-function stop(child: ChildProcess | undefined): Promise<void> {
-  return new Promise((resolve) => {
-    if (child === undefined || child.exitCode !== null || child.signalCode !== null) return resolve();
-    child.once("exit", () => resolve());
-    child.kill("SIGTERM");
-  });
 }
 
 function text(result: unknown): string {
