@@ -9,6 +9,12 @@
 //! UpstreamFailure then, and its session is dropped. What an upstream says on
 //! its own (its notifications) goes to `onNotification` with the session's
 //! key, for the gateway to pass on to the callers it concerns.
+//!
+//! A `tools/call` to an HTTP upstream whose session is 2025-era takes the direct path
+//! (`callPath: "direct"`, the default; direct.ts): posted raw on the session, over the pool's
+//! kept connections, instead of through the SDK client. An upstream that forgot the session
+//! (HTTP 404) has it dropped and the call made once more through the SDK client, which opens a
+//! new one.
 
 import { createHash } from "node:crypto";
 import {
@@ -23,6 +29,7 @@ import {
 } from "@modelcontextprotocol/client";
 import { StdioClientTransport, getDefaultEnvironment } from "@modelcontextprotocol/client/stdio";
 import type { ToolRoute } from "@capgate/client";
+import { DirectClient, DirectTimeout, SessionGone } from "./direct.js";
 import type { Logger } from "./log.js";
 
 export const DEFAULT_UPSTREAM_TIMEOUT_MS = 60_000;
@@ -60,6 +67,9 @@ export interface UpstreamNotification {
 
 export type OnNotification = (key: SessionKey, notification: UpstreamNotification) => void;
 
+/** `--call-path`: `direct` relays tools/call below the SDKs where it can, `sdk` never does. */
+export type CallPath = "direct" | "sdk";
+
 interface Session {
   /** What the session was opened with; another route or credential opens a new one. */
   readonly fingerprint: string;
@@ -93,27 +103,80 @@ const CONNECTION_NOTIFICATIONS = new Set(["notifications/cancelled", "notificati
 
 export class UpstreamPool {
   readonly #sessions = new Map<SessionKey, Session>();
+  /** The direct path's kept connections; none with `callPath: "sdk"`. */
+  readonly #direct: DirectClient | undefined;
 
   constructor(
     private readonly logger: Logger,
-    private readonly options: { timeoutMs?: number; onNotification?: OnNotification } = {},
+    private readonly options: { timeoutMs?: number; onNotification?: OnNotification; callPath?: CallPath } = {},
     private readonly clientInfo = { name: "capgate-gateway", version: "0.1.0" },
-  ) {}
+  ) {
+    this.#direct = options.callPath === "sdk" ? undefined : new DirectClient();
+  }
 
   get timeoutMs(): number {
     return this.options.timeoutMs ?? DEFAULT_UPSTREAM_TIMEOUT_MS;
   }
 
-  /** Calls `route.name` at its upstream as `accountId`; throws UpstreamFailure or UpstreamError. */
+  /**
+   * Calls `route.name` at its upstream as `accountId`; throws UpstreamFailure or UpstreamError.
+   * The result is the upstream's as it sent it on the direct path (the SDK client validates it
+   * on the other).
+   */
   async call(
     route: ToolRoute,
     accountId: string,
     credential: string,
     args: Record<string, unknown> | undefined,
   ): Promise<CallToolResult> {
-    return this.request(route.upstream, route.transport, accountId, credential, (client, options) =>
-      client.callTool({ name: route.name, ...(args && { arguments: args }) }, options),
-    ) as Promise<CallToolResult>;
+    const deadline = Date.now() + this.timeoutMs;
+    const viaSdk = () =>
+      this.#request(
+        route.upstream,
+        route.transport,
+        accountId,
+        credential,
+        (client, options) => client.callTool({ name: route.name, ...(args && { arguments: args }) }, options),
+        deadline,
+      ) as Promise<CallToolResult>;
+    const target = route.transport;
+    if (this.#direct === undefined || target.kind !== "http") return viaSdk();
+
+    const key = sessionKey(route.upstream, accountId);
+    const session = this.#session(key, route.upstream, target, accountId, credential);
+    const client = await this.#opened(key, session, route.upstream, deadline);
+    const transport = client.transport;
+    // A 2026-07-28 upstream's requests carry that revision's envelope and its results their own
+    // shape (resultType, input_required): the SDK client speaks it, the direct path does not.
+    if (client.getProtocolEra() !== "legacy" || !(transport instanceof StreamableHTTPClientTransport)) return viaSdk();
+
+    let answer;
+    try {
+      answer = await this.#direct.call(
+        {
+          url: new URL(target.url),
+          credential,
+          sessionId: transport.sessionId,
+          protocolVersion: transport.protocolVersion ?? client.getNegotiatedProtocolVersion(),
+        },
+        route.name,
+        args,
+        deadline,
+        (notification) => this.#deliver(key, notification),
+      );
+    } catch (error) {
+      this.#drop(key, session);
+      if (error instanceof SessionGone) {
+        this.logger.log("info", "upstream_session_lost", { upstream: route.upstream, account: accountId });
+        return viaSdk();
+      }
+      if (error instanceof DirectTimeout || Date.now() >= deadline) {
+        throw new UpstreamFailure(`upstream \`${route.upstream}\` did not answer in ${this.timeoutMs / 1000}s`);
+      }
+      throw new UpstreamFailure(`upstream \`${route.upstream}\` failed the call: ${describe(error)}`);
+    }
+    if ("error" in answer) throw new UpstreamError(answer.error.code, answer.error.message, answer.error.data);
+    return answer.result as CallToolResult;
   }
 
   /**
@@ -121,19 +184,20 @@ export class UpstreamPool {
    * none, within the pool's deadline. A JSON-RPC error the upstream answers is
    * an UpstreamError (relayed as it is); anything else an UpstreamFailure.
    */
-  async request<T>(
+  request<T>(
     upstream: string,
     target: UpstreamTransport,
     accountId: string,
     credential: string,
     send: (client: Client, options: { timeout: number }) => Promise<T>,
   ): Promise<T> {
-    const key = sessionKey(upstream, accountId);
-    const deadline = Date.now() + this.timeoutMs;
-    const session = this.#session(key, upstream, target, accountId, credential);
-    let client: Client;
+    return this.#request(upstream, target, accountId, credential, send, Date.now() + this.timeoutMs);
+  }
+
+  /** The session's client once open, before `deadline`; an UpstreamFailure otherwise. */
+  async #opened(key: SessionKey, session: Session, upstream: string, deadline: number): Promise<Client> {
     try {
-      client = await beforeDeadline(session.client, deadline);
+      return await beforeDeadline(session.client, deadline);
     } catch (error) {
       if (error instanceof DeadlinePassed) {
         this.#drop(key, session);
@@ -141,6 +205,19 @@ export class UpstreamPool {
       }
       throw new UpstreamFailure(`cannot open a session with upstream \`${upstream}\`: ${describe(error)}`);
     }
+  }
+
+  async #request<T>(
+    upstream: string,
+    target: UpstreamTransport,
+    accountId: string,
+    credential: string,
+    send: (client: Client, options: { timeout: number }) => Promise<T>,
+    deadline: number,
+  ): Promise<T> {
+    const key = sessionKey(upstream, accountId);
+    const session = this.#session(key, upstream, target, accountId, credential);
+    const client = await this.#opened(key, session, upstream, deadline);
     try {
       const timeout = Math.max(1, deadline - Date.now());
       return await beforeDeadline(send(client, { timeout }), deadline);
@@ -196,12 +273,15 @@ export class UpstreamPool {
     // `auto`: a 2026-07-28 upstream is spoken to in its revision, a 2025 one
     // through the initialize handshake.
     const client = new Client(this.clientInfo, { versionNegotiation: { mode: "auto" } });
-    client.fallbackNotificationHandler = async (notification) => {
-      if (CONNECTION_NOTIFICATIONS.has(notification.method)) return;
-      this.options.onNotification?.(key, notification as UpstreamNotification);
-    };
+    client.fallbackNotificationHandler = async (notification) => this.#deliver(key, notification as UpstreamNotification);
     await client.connect(transportFor(target, credential), { timeout: this.timeoutMs });
     return client;
+  }
+
+  /** What an upstream says on its own, from the SDK session or a direct call's stream alike. */
+  #deliver(key: SessionKey, notification: UpstreamNotification): void {
+    if (CONNECTION_NOTIFICATIONS.has(notification.method)) return;
+    this.options.onNotification?.(key, notification);
   }
 
   #drop(key: SessionKey, session: Session): void {
@@ -217,6 +297,7 @@ export class UpstreamPool {
   async closeAll(): Promise<void> {
     const sessions = [...this.#sessions.values()];
     this.#sessions.clear();
+    this.#direct?.close();
     await Promise.allSettled(sessions.map(async (s) => (await s.client).close()));
   }
 }
