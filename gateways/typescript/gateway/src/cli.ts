@@ -13,12 +13,13 @@ import { stderrLogger } from "./log.js";
 import { SecretResolver } from "./secrets/index.js";
 import { Fanout, loadRelayConfig, type RelayedUpstream } from "./relay.js";
 import { serveStdio } from "./stdio.js";
-import { DEFAULT_UPSTREAM_TIMEOUT_MS, UpstreamPool } from "./upstreams.js";
+import { DEFAULT_UPSTREAM_TIMEOUT_MS, UpstreamPool, type CallPath } from "./upstreams.js";
 import { watchPolicy } from "./watch.js";
 
 const USAGE = `usage: cli.js --capgate URL [--gateway-token-file FILE] [--ca-file FILE]
               (--listen HOST:PORT | --stdio) [--issuer ID] [--decide-timeout SECONDS]
               [--upstream-timeout SECONDS] [--relay FILE] [--allowed-host HOST]… [--allowed-origin ORIGIN]…
+              [--call-path direct|sdk]
 
   --capgate URL              capgate's gRPC endpoint, e.g. http://127.0.0.1:50051  [env CAPGATE_URL]
   --gateway-token-file FILE  the gateway's token for capgate                     [env CAPGATE_GATEWAY_TOKEN_FILE]
@@ -32,6 +33,9 @@ const USAGE = `usage: cli.js --capgate URL [--gateway-token-file FILE] [--ca-fil
   --allowed-host HOST        a Host this gateway answers to (repeatable; default for a loopback
                              --listen: localhost, 127.0.0.1, ::1)
   --allowed-origin ORIGIN    an Origin accepted besides those of the allowed hosts (repeatable)
+  --call-path direct|sdk     how tools/call travels (default direct): direct answers a 2025-era
+                             session's calls below the MCP SDK and posts them to a 2025-era HTTP
+                             upstream on kept connections; sdk sends every call through the SDKs
 `;
 
 function usage(problem: string): never {
@@ -50,6 +54,7 @@ interface Config {
   readonly relayed: RelayedUpstream[];
   readonly allowedHosts: string[];
   readonly allowedOrigins: string[];
+  readonly callPath: CallPath;
 }
 
 function seconds(value: string | undefined, fallback: number, flag: string): number {
@@ -87,6 +92,7 @@ function config(argv: string[], env: NodeJS.ProcessEnv): Config {
         relay: { type: "string" },
         "allowed-host": { type: "string", multiple: true },
         "allowed-origin": { type: "string", multiple: true },
+        "call-path": { type: "string" },
         help: { type: "boolean", short: "h" },
       },
     }));
@@ -100,6 +106,8 @@ function config(argv: string[], env: NodeJS.ProcessEnv): Config {
   const capgate = values.capgate ?? env.CAPGATE_URL;
   if (capgate === undefined || capgate === "") usage("--capgate (or CAPGATE_URL) is required");
   if ((values.listen === undefined) === (values.stdio !== true)) usage("give exactly one of --listen and --stdio");
+  const callPath = values["call-path"] ?? "direct";
+  if (callPath !== "direct" && callPath !== "sdk") usage(`--call-path: \`${callPath}\` is neither direct nor sdk`);
   let relayed: RelayedUpstream[] = [];
   if (values.relay !== undefined) {
     try {
@@ -119,6 +127,7 @@ function config(argv: string[], env: NodeJS.ProcessEnv): Config {
     relayed,
     allowedHosts: values["allowed-host"] ?? [],
     allowedOrigins: values["allowed-origin"] ?? [],
+    callPath,
   };
 }
 
@@ -142,6 +151,7 @@ async function main(): Promise<void> {
   const fanout = new Fanout();
   const upstreams = new UpstreamPool(logger, {
     timeoutMs: cfg.upstreamTimeoutMs,
+    callPath: cfg.callPath,
     onNotification: (key, notification) => fanout.deliver(key, notification),
   });
   const gateway = new Gateway({
@@ -169,7 +179,7 @@ async function main(): Promise<void> {
   let ended: Promise<void>;
   if (cfg.listen !== undefined) {
     const hostCheck = HostCheck.forBind(cfg.listen.host, cfg.allowedHosts, cfg.allowedOrigins);
-    const http = await serveHttp(gateway, logger, cfg.listen.host, cfg.listen.port, hostCheck);
+    const http = await serveHttp(gateway, logger, cfg.listen.host, cfg.listen.port, hostCheck, cfg.callPath);
     // The scenario runner waits for exactly this line.
     process.stderr.write(`${JSON.stringify({ event: "listening", url: http.url })}\n`);
     closeTransport = () => http.close();

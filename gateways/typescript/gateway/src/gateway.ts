@@ -4,7 +4,15 @@
 //! The gateway never decides; it relays.
 
 import { randomUUID } from "node:crypto";
-import { Server, type JSONRPCMessage, type ServerCapabilities, type Tool, type Transport } from "@modelcontextprotocol/server";
+import {
+  INTERNAL_ERROR,
+  INVALID_PARAMS,
+  Server,
+  type JSONRPCMessage,
+  type ServerCapabilities,
+  type Tool,
+  type Transport,
+} from "@modelcontextprotocol/server";
 import type { CallerCredential, CapgateClient, VisibleTool } from "@capgate/client";
 import type { Logger } from "./log.js";
 import {
@@ -93,6 +101,15 @@ export function mcpTool(tool: VisibleTool): Tool {
   };
 }
 
+/** A JSON-RPC error as it goes on the wire. */
+export interface WireError {
+  readonly code: number;
+  readonly message: string;
+  readonly data?: unknown;
+}
+
+const isCredentialFailed = (data: unknown) => (data as { code?: unknown } | undefined)?.code === "credential_failed";
+
 /**
  * The SDK rewrites a JSON-RPC error code -32002 to -32602 on the way out
  * (-32002 was MCP's retired "resource not found"), but the gateway contract
@@ -104,11 +121,30 @@ function keepCredentialFailedCode(server: Server): void {
   server.connect = (transport: Transport) => {
     const send = transport.send.bind(transport);
     transport.send = (message: JSONRPCMessage, options) => {
-      const error = (message as { error?: { code: number; data?: { code?: unknown } } }).error;
-      if (error !== undefined && error.data?.code === "credential_failed") error.code = JSONRPC_CREDENTIAL_FAILED;
+      const error = (message as { error?: { code: number; data?: unknown } }).error;
+      if (error !== undefined && isCredentialFailed(error.data)) error.code = JSONRPC_CREDENTIAL_FAILED;
       return send(message, options);
     };
     return connect(transport);
+  };
+}
+
+/**
+ * The error a `tools/call` that throws `thrown` is answered with, exactly as a server from
+ * `serverFor` sends it on a 2025-era session: the SDK's own encoding of a handler's throw (its
+ * `code` when a safe integer, else -32603; -32002 sent as -32602; its `message`; its `data`
+ * when there is one), then keepCredentialFailedCode. The direct path answers with this, so the
+ * two paths cannot differ on a refusal.
+ */
+export function wireError(thrown: unknown): WireError {
+  const error = (typeof thrown === "object" && thrown !== null ? thrown : {}) as { code?: unknown; message?: unknown; data?: unknown };
+  let code = typeof error.code === "number" && Number.isSafeInteger(error.code) ? error.code : INTERNAL_ERROR;
+  if (code === JSONRPC_CREDENTIAL_FAILED) code = INVALID_PARAMS;
+  if (isCredentialFailed(error.data)) code = JSONRPC_CREDENTIAL_FAILED;
+  return {
+    code,
+    message: typeof error.message === "string" ? error.message : "Internal error",
+    ...(error.data !== undefined && { data: error.data }),
   };
 }
 

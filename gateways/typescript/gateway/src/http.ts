@@ -15,17 +15,30 @@
 //! sessionful Streamable HTTP, one server per `Mcp-Session-Id`, list changes
 //! on the session's GET stream. Either way the bearer token of every request
 //! (not a session's first) is the caller's credential for that request.
+//!
+//! Before that split, with `--call-path direct` (the default), a `tools/call`
+//! on a session the gateway holds is answered here, below the SDK
+//! (`directCall`, docs/decisions/0036-a-direct-path-for-tool-calls.md): the
+//! same `Gateway.callTool`, one JSON-RPC response as `application/json`.
 
 import { randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type Server as HttpServer, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { NodeStreamableHTTPServerTransport, toNodeHandler, toWebRequest } from "@modelcontextprotocol/node";
-import { createMcpHandler, isInitializeRequest, isLegacyRequest } from "@modelcontextprotocol/server";
-import type { Gateway } from "./gateway.js";
+import {
+  PROTOCOL_VERSION_META_KEY,
+  SUPPORTED_PROTOCOL_VERSIONS,
+  createMcpHandler,
+  isInitializeRequest,
+  isJsonContentType,
+  isLegacyRequest,
+} from "@modelcontextprotocol/server";
+import { wireError, type Gateway } from "./gateway.js";
 import { headerDisagreement, headerValue } from "./headers.js";
 import type { HostCheck } from "./hosts.js";
 import type { Logger } from "./log.js";
 import { JSONRPC_INVALID_REQUEST } from "./refusals.js";
+import type { CallPath } from "./upstreams.js";
 
 const JSONRPC_PARSE_ERROR = -32700;
 
@@ -91,6 +104,50 @@ function listenedResources(body: unknown): string[] {
   return Array.isArray(uris) ? uris.filter((u): u is string => typeof u === "string") : [];
 }
 
+/** A `tools/call` the gateway answers itself: what it needs of the request. */
+export interface DirectCall {
+  readonly id: string | number;
+  readonly name: string;
+  readonly arguments: Record<string, unknown> | undefined;
+}
+
+const isObject = (value: unknown): value is Record<string, unknown> =>
+  typeof value === "object" && value !== null && !Array.isArray(value);
+
+/** What a tools/call's params may hold and still be answered directly. */
+const DIRECT_PARAMS = new Set(["name", "arguments", "_meta"]);
+
+/**
+ * The POST as a call the direct path answers, or undefined when the SDK is to serve it (and
+ * answer exactly as it would without the direct path: a batch, an unknown session, a bad
+ * Accept, malformed params, a 2026-07-28 request each keep the SDK's answer). Only what the
+ * SDK's 2025-era leg would serve and dispatch to the tools/call handler is taken: a JSON
+ * Content-Type; an Accept naming both JSON and SSE (the SDK's own test: it answers 406
+ * otherwise, so a direct answer there would be one the SDK path never gives); a protocol
+ * version header that leg accepts, or none; one JSON-RPC request with a string or integer id,
+ * a string `name`, `arguments` absent or an object, and no 2026-07-28 envelope claim in
+ * `_meta` (the SDK would route that to the 2026-07-28 leg). Whether the session is held is the
+ * caller's check.
+ */
+export function directCall(headers: IncomingMessage["headers"], body: unknown): DirectCall | undefined {
+  const contentType = headerValue(headers["content-type"]);
+  if (contentType === undefined || !isJsonContentType(contentType)) return undefined;
+  const accept = headerValue(headers.accept);
+  if (accept === undefined || !accept.includes("application/json") || !accept.includes("text/event-stream")) return undefined;
+  const version = headerValue(headers["mcp-protocol-version"]);
+  if (version !== undefined && !SUPPORTED_PROTOCOL_VERSIONS.includes(version)) return undefined;
+  if (!isObject(body) || body.jsonrpc !== "2.0" || body.method !== "tools/call") return undefined;
+  const { id, params } = body;
+  if (!(typeof id === "string" || (typeof id === "number" && Number.isSafeInteger(id)))) return undefined;
+  if (!isObject(params) || typeof params.name !== "string") return undefined;
+  for (const key of Object.keys(params)) if (!DIRECT_PARAMS.has(key)) return undefined;
+  const args = params.arguments;
+  if (args !== undefined && !isObject(args)) return undefined;
+  const meta = params._meta;
+  if (meta !== undefined && (!isObject(meta) || PROTOCOL_VERSION_META_KEY in meta)) return undefined;
+  return { id, name: params.name, arguments: args };
+}
+
 export interface HttpGateway {
   readonly url: string;
   close(): Promise<void>;
@@ -102,6 +159,7 @@ export async function serveHttp(
   host: string,
   port: number,
   hostCheck?: HostCheck,
+  callPath: CallPath = "direct",
 ): Promise<HttpGateway> {
   const sessions = new Map<string, Session>();
   const credentialOf = (authToken: string | undefined) => ({ bearerToken: authToken ?? "" });
@@ -112,6 +170,18 @@ export async function serveHttp(
   const serveModern = toNodeHandler(modern);
   const stopNotifying = gateway.onToolsChanged(() => modern.notify.toolsChanged());
   const stopStreams = gateway.fanout.addStreams(modern.notify);
+
+  /** The direct path's answer: Gateway.callTool's result, or its throw as the SDK would send it. */
+  async function answerDirectly(res: ServerResponse, sessionId: string, call: DirectCall, token: string): Promise<void> {
+    let response: object;
+    try {
+      const result = await gateway.callTool(credentialOf(token), call.name, call.arguments);
+      response = { jsonrpc: "2.0", id: call.id, result };
+    } catch (error) {
+      response = { jsonrpc: "2.0", id: call.id, error: wireError(error) };
+    }
+    res.writeHead(200, { "Content-Type": "application/json", "Mcp-Session-Id": sessionId }).end(JSON.stringify(response));
+  }
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     if (hostCheck !== undefined) {
@@ -166,6 +236,17 @@ export async function serveHttp(
         const id = (body as { id?: unknown } | null)?.id ?? null;
         logger.log("info", "header_mismatch", { why: disagreement });
         jsonRpcError(res, 400, JSONRPC_INVALID_REQUEST, `Invalid Request: ${disagreement}`, id);
+        return;
+      }
+    }
+
+    if (callPath === "direct" && req.method === "POST") {
+      // Checked before isLegacyRequest, which builds a web Request to classify: a call directCall
+      // takes (no envelope claim, no 2026-07-28 version header) is one it classifies 2025-era.
+      const sessionId = headerValue(req.headers["mcp-session-id"]);
+      const call = sessionId !== undefined && sessions.has(sessionId) ? directCall(req.headers, body) : undefined;
+      if (sessionId !== undefined && call !== undefined) {
+        await answerDirectly(res, sessionId, call, token);
         return;
       }
     }
