@@ -71,8 +71,9 @@ async def capgate() -> Any:
 
 
 def _gateway(client: CapgateClient) -> Gateway:
-    # No secret and no upstream is reached: every Decide is denied.
-    return Gateway(client, None, None, stdio_caller=StdioCaller(Credential.bearer("caller")))  # type: ignore[arg-type]
+    # No secret and no upstream is reached: every Decide is denied (the handler names the pool's `call`).
+    pool = SimpleNamespace(call=None)
+    return Gateway(client, None, pool, stdio_caller=StdioCaller(Credential.bearer("caller")))  # type: ignore[arg-type]
 
 
 async def _call(gateway: Gateway, tool: str, arguments: dict[str, Any] | None) -> MCPError:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+import weakref
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import mcp_types as types
@@ -23,6 +25,7 @@ from capgate_client import (
     Deny,
     NoteKind,
     NotVisible,
+    ToolRoute,
     Unauthenticated,
     UnimplementedError,
     UnknownTool,
@@ -50,6 +53,11 @@ from capgate_gateway.relay import (
 )
 from capgate_gateway.secrets import CredentialError, SecretResolver, scheme_of
 from capgate_gateway.upstreams import UpstreamError, UpstreamPool
+
+
+T = TypeVar("T")
+SendCall = Callable[[ToolRoute, str, str, dict[str, Any] | None], Awaitable[T]]
+"""How an allowed call reaches its upstream: (route, account id, credential, arguments) → the result."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,8 @@ class Gateway:
         self.bus = self.fanout.bus
         self.relay = Relay(relayed, capgate, secrets, upstreams, self.fanout, decide_timeout=decide_timeout)
         self._listener = ListenHandler(self.bus)
+        # Handshake-era Streamable HTTP sessions by id, for the direct path (direct.py).
+        self.sessions: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
         self.server = self._build_server()
 
     # ── the MCP server ───────────────────────────────────────────────────────
@@ -135,6 +145,8 @@ class Gateway:
             connection = _connection(ctx)
             if connection is not None:
                 self.fanout.connections.add(connection)
+                if connection.session_id is not None:
+                    self.sessions[connection.session_id] = connection
         return await call_next(ctx)
 
     async def tools_changed(self) -> int:
@@ -151,14 +163,17 @@ class Gateway:
     def _credential(self, ctx: ServerRequestContext[Any, Any]) -> Credential:
         request = ctx.request
         if request is not None and hasattr(request, "headers"):
-            # The edge refused requests without a bearer token; "" is still forwarded so
-            # capgate answers credential_missing, not the gateway.
-            token = bearer_token({k.lower(): v for k, v in request.headers.items()}) or ""
-            return Credential.bearer(token, self.issuer)
+            return self.http_credential({k.lower(): v for k, v in request.headers.items()})
         if self.stdio_caller is not None:
             cred = self.stdio_caller.credential
             return Credential(cred.kind, cred.value, self.issuer)
         return Credential.bearer("", self.issuer)
+
+    def http_credential(self, headers: dict[str, str]) -> Credential:
+        """The caller of an HTTP request (`headers` lowercased), through the SDK or the direct path."""
+        # The edge refused requests without a bearer token; "" is still forwarded so
+        # capgate answers credential_missing, not the gateway.
+        return Credential.bearer(bearer_token(headers) or "", self.issuer)
 
     # ── tools/list ───────────────────────────────────────────────────────────
 
@@ -185,16 +200,22 @@ class Gateway:
     async def _call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        name = params.name
+        return await self.call_tool(self._credential(ctx), params.name, params.arguments, self.upstreams.call)
+
+    async def call_tool(
+        self, credential: Credential, name: str, arguments: dict[str, Any] | None, send: SendCall[T]
+    ) -> T:
+        """One tools/call, decided by capgate and sent by `send` (the SDK's client, or the direct
+        path's); a refusal is raised as the MCPError the caller is answered with, whatever the framing."""
         request_id = str(uuid.uuid4())
         try:
-            arguments = arguments_json(params.arguments)
+            arguments_text = arguments_json(arguments)
         except MCPError as error:
             logs.event("denied", tool=name, code=error.data["code"])
             raise
         try:
             answer = await self.capgate.decide(
-                self._credential(ctx), tool=name, request_id=request_id, arguments_json=arguments,
+                credential, tool=name, request_id=request_id, arguments_json=arguments_text,
                 timeout=self.decide_timeout,
             )
         except CapgateError as error:
@@ -202,7 +223,7 @@ class Gateway:
             raise denials.capgate_unavailable(f"capgate did not answer ({error.status.lower()})") from None
         match answer:
             case Allow():
-                return await self._execute(answer, params.arguments)
+                return await self._execute(answer, arguments, send)
             case Deny():
                 logs.event("denied", tool=name, code=answer.reason.code, decision_id=answer.decision_id)
                 raise denials.deny(answer)
@@ -213,7 +234,7 @@ class Gateway:
                 logs.event("denied", tool=name, code="unknown_tool", decision_id=answer.decision_id)
                 raise denials.unknown_tool(answer)
 
-    async def _execute(self, answer: Allow, arguments: dict[str, Any] | None) -> types.CallToolResult:
+    async def _execute(self, answer: Allow, arguments: dict[str, Any] | None, send: SendCall[T]) -> T:
         route = answer.tool
         if route is None:  # a tool was asked for; convert guarantees it, this keeps it visible
             raise denials.capgate_unavailable("capgate's allow named no tool")
@@ -227,7 +248,7 @@ class Gateway:
             await self._note(answer.decision_id, NoteKind.CREDENTIAL_FAILED, str(error))
             raise denials.credential_failed(answer.decision_id, str(error)) from None
         try:
-            result = await self.upstreams.call(route, answer.account.id, credential, arguments)
+            result = await send(route, answer.account.id, credential, arguments)
         except UpstreamError as error:
             logs.event(
                 "upstream_failed", logging.WARNING, tool=route.exposed_name, upstream=route.upstream,
