@@ -10,13 +10,21 @@ Every request to an upstream — opening its session included — has one deadli
 `--upstream-timeout`: an upstream that never answers is `upstream_failed` then, not later.
 What an upstream says on its own (its notifications) goes to `on_notification` with the
 session's key, so that the gateway can pass it on to the callers it concerns.
+
+The direct path (`call_direct`, docs/decisions/0036-a-direct-path-for-tool-calls.md) sends a
+tools/call to a handshake-era HTTP upstream as one raw JSON-RPC POST in that session, on a
+connection the pool keeps open across calls (the SDK's client closes each SSE response before
+its end, so every call of its own opens a new connection). The SDK session still opens, holds
+and closes the upstream session; everything else goes through it.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
-from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, aclosing, suppress
 from dataclasses import dataclass, field
 from hashlib import sha256
 from typing import Any, TypeVar
@@ -30,6 +38,9 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from mcp_types import methods
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 
 from capgate_gateway import logs
 
@@ -38,6 +49,10 @@ from capgate_gateway import logs
 _TRANSPORT_CODES = {mcp_types.CONNECTION_CLOSED, mcp_types.REQUEST_TIMEOUT}
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+"""The most the direct path reads of one upstream message (a JSON body, one SSE event); the edge's cap."""
+DRAIN_SECONDS = 1.0
+"""How long the direct path reads an SSE response on after its answer, for the connection's sake."""
 
 T = TypeVar("T")
 Key = tuple[str, str]
@@ -60,10 +75,20 @@ class UpstreamError(Exception):
     """The upstream could not be reached or failed at the transport level; safe to show."""
 
 
+class _SessionGone(Exception):
+    """The upstream answered HTTP 404 to a request in its session: it no longer holds it."""
+
+
+class _Answered(MCPError):
+    """A JSON-RPC error the upstream itself sent on the direct path, whatever its code."""
+
+
 @dataclass
 class _Session:
     client: Client
     fingerprint: str
+    session_id: str | None = None
+    """The upstream's `Mcp-Session-Id`, as it named it answering the handshake (HTTP only)."""
     closed: anyio.Event = field(default_factory=anyio.Event)
     stop: anyio.Event = field(default_factory=anyio.Event)
 
@@ -82,13 +107,46 @@ class UpstreamPool:
         self._sessions: dict[Key, _Session] = {}
         self._locks: dict[Key, anyio.Lock] = {}
         self._devnull = open(os.devnull, "w")  # noqa: SIM115 - the children's stderr, for the pool's life
+        # The direct path's connections, kept alive across calls, sessions and accounts
+        # (each request carries its own credential).
+        self._http = httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=max(300.0, timeout)))
+        self._ids = itertools.count(1)
 
-    async def call(self, route: ToolRoute, account_id: str, credential: str, arguments: dict[str, Any] | None) -> Any:
-        """The upstream's CallToolResult for `route.name`, as the upstream gave it."""
+    async def call(
+        self, route: ToolRoute, account_id: str, credential: str, arguments: dict[str, Any] | None
+    ) -> mcp_types.CallToolResult:
+        """The upstream's CallToolResult for `route.name`, through the SDK's client."""
         return await self.request(
             route.upstream, route.transport, account_id, credential,
             lambda client: client.call_tool(route.name, arguments),
         )
+
+    async def call_direct(
+        self, route: ToolRoute, account_id: str, credential: str, arguments: dict[str, Any] | None
+    ) -> dict[str, Any] | mcp_types.CallToolResult:
+        """The upstream's result for `route.name`: as it sent it (a JSON object) from a
+        handshake-era HTTP upstream, else the SDK client's CallToolResult.
+
+        An upstream that forgot its session (HTTP 404) gets the call once more in a new one.
+        """
+        if not isinstance(route.transport, HttpTransport):
+            return await self.call(route, account_id, credential, arguments)
+        url = route.transport.url
+
+        async def send(session: _Session) -> dict[str, Any] | mcp_types.CallToolResult:
+            if session.client.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
+                # A 2026-07-28 request carries the SDK's envelope (`_meta`, Mcp-* headers): its client sends it.
+                return await session.client.call_tool(route.name, arguments)
+            params: dict[str, Any] = {"name": route.name}
+            if arguments is not None:
+                params["arguments"] = arguments
+            return await self._post_call(route.upstream, url, account_id, session, credential, params)
+
+        try:
+            return await self._request(route.upstream, route.transport, account_id, credential, send)
+        except _SessionGone:
+            logs.event("upstream_session_lost", upstream=route.upstream, account=account_id)
+            return await self.call(route, account_id, credential, arguments)
 
     async def request(
         self, upstream: str, transport: Transport, account_id: str, credential: str,
@@ -99,14 +157,23 @@ class UpstreamPool:
         A JSON-RPC error the upstream answers is raised as the SDK's MCPError, to be relayed;
         anything else is an UpstreamError.
         """
+        return await self._request(upstream, transport, account_id, credential, lambda session: send(session.client))
+
+    async def _request(
+        self, upstream: str, transport: Transport, account_id: str, credential: str,
+        send: Callable[[_Session], Awaitable[T]],
+    ) -> T:
         key = (upstream, account_id)
         session: _Session | None = None
         try:
             with anyio.fail_after(self._timeout):
                 session = await self._session(key, transport, credential)
-                return await send(session.client)
+                return await send(session)
+        except _SessionGone:
+            self._discard(key, session)
+            raise
         except MCPError as error:
-            if error.code in _TRANSPORT_CODES:
+            if error.code in _TRANSPORT_CODES and not isinstance(error, _Answered):
                 self._discard(key, session)
                 raise UpstreamError(f"the upstream `{upstream}` failed: {error.message}") from None
             raise
@@ -114,7 +181,10 @@ class UpstreamPool:
             self._discard(key, session)
             what = "start" if session is None else "answer"
             raise UpstreamError(f"the upstream `{upstream}` did not {what} in {self._timeout:g}s") from None
-        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, httpx2.HTTPError) as error:
+        except (
+            OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, httpx2.HTTPError,
+            httpx2.StreamError,
+        ) as error:
             self._discard(key, session)
             raise UpstreamError(f"the upstream `{upstream}` failed ({_cause(error)})") from None
 
@@ -123,6 +193,73 @@ class UpstreamPool:
             session.stop.set()
         self._sessions.clear()
         self._devnull.close()
+        await self._http.aclose()
+
+    # ── the direct path ──────────────────────────────────────────────────────
+
+    async def _post_call(
+        self, upstream: str, url: str, account_id: str, session: _Session, credential: str, params: dict[str, Any]
+    ) -> dict[str, Any]:
+        request_id = f"capgate-{next(self._ids)}"
+        body = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+        headers = _headers(session, credential)
+        async with self._http.stream("POST", url, content=json.dumps(body).encode(), headers=headers) as response:
+            if response.status_code == 404 and session.session_id is not None:
+                raise _SessionGone()
+            if response.status_code != 200:
+                raise UpstreamError(f"the upstream `{upstream}` answered HTTP {response.status_code}")
+            media_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+            if media_type == "application/json":
+                answer = _json_object(await _read_bounded(response))
+            elif media_type == "text/event-stream":
+                answer = await self._read_stream(upstream, url, (upstream, account_id), session, headers, response, request_id)
+            else:
+                answer = None
+        return _result(upstream, answer, request_id)
+
+    async def _read_stream(
+        self, upstream: str, url: str, key: Key, session: _Session, headers: dict[str, str],
+        response: httpx2.Response, request_id: str,
+    ) -> Any:
+        """The response to `request_id` from an SSE stream, what the upstream said before it
+        delivered as its SDK session would; the stream is then read to its end, so that the
+        connection goes back to the pool."""
+        version = session.client.protocol_version
+        async with aclosing(_messages(response)) as events:
+            async for message in events:
+                if message.get("id") == request_id and ("result" in message or "error" in message):
+                    break
+                await self._on_stream_message(url, key, version, headers, message)
+            else:
+                raise UpstreamError(f"the upstream `{upstream}` ended its answer without a response")
+            # Past the answer, a stream that does not end (or goes wrong) costs its connection, not the call.
+            with anyio.move_on_after(DRAIN_SECONDS), suppress(UpstreamError, httpx2.HTTPError, httpx2.StreamError):
+                async for after in events:
+                    await self._on_stream_message(url, key, version, headers, after)
+        return message
+
+    async def _on_stream_message(
+        self, url: str, key: Key, version: str, headers: dict[str, str], message: dict[str, Any]
+    ) -> None:
+        method = message.get("method")
+        if not isinstance(method, str):
+            return  # a response to another request: not ours to read
+        params = message.get("params")
+        if "id" in message:
+            await self._answer(url, headers, message["id"], _client_answer(method, version, params))
+            return
+        try:
+            notification = methods.parse_server_notification(method, version, params)
+        except (KeyError, ValidationError):
+            return  # unknown at this version, or malformed: the SDK's session drops it too
+        if not isinstance(notification, mcp_types.CancelledNotification):
+            await self._on_notification(key, notification)
+
+    async def _answer(self, url: str, headers: dict[str, str], request_id: Any, answer: dict[str, Any]) -> None:
+        """A server-to-client request's answer, POSTed back as the SDK's client would."""
+        body = json.dumps({"jsonrpc": "2.0", "id": request_id, **answer}).encode()
+        async with self._http.stream("POST", url, content=body, headers=headers) as response:
+            await _read_bounded(response)
 
     def _discard(self, key: Key, session: _Session | None) -> None:
         if session is None:
@@ -159,11 +296,12 @@ class UpstreamPool:
             if not isinstance(message, Exception):
                 await self._on_notification(key, message)
 
+        named: list[str] = []
         try:
             async with AsyncExitStack() as stack:
-                connection = self._transport(stack, transport, credential)
+                connection = self._transport(stack, transport, credential, named)
                 client = await stack.enter_async_context(Client(connection, cache=None, message_handler=on_message))
-                session = _Session(client, fingerprint)
+                session = _Session(client, fingerprint, named[0] if named else None)
                 task_status.started(session)
                 await session.stop.wait()
         except Exception as error:  # noqa: BLE001 - reported to the caller through start()
@@ -174,7 +312,9 @@ class UpstreamPool:
             if session is not None:
                 session.closed.set()
 
-    def _transport(self, stack: AsyncExitStack, transport: Transport, credential: str) -> Any:
+    def _transport(self, stack: AsyncExitStack, transport: Transport, credential: str, named: list[str]) -> Any:
+        """The SDK's transport; an HTTP one puts the session id the upstream names in `named`
+        (the SDK keeps it to itself)."""
         if isinstance(transport, StdioTransport):
             params = StdioServerParameters(
                 command=transport.command,
@@ -182,11 +322,101 @@ class UpstreamPool:
                 env=get_default_environment() | {"MCP_UPSTREAM_CREDENTIAL": credential},
             )
             return stdio_client(params, errlog=self._devnull)
+
+        async def remember(response: httpx2.Response) -> None:
+            if not named and (session_id := response.headers.get("mcp-session-id")):
+                named.append(session_id)
+
         # The pool's deadline bounds every request; the client's own read timeout only has to
         # outlast it (and bounds a stream the gateway no longer waits on).
         http = httpx2.AsyncClient(
             headers={"Authorization": f"Bearer {credential}"},
             timeout=httpx2.Timeout(30.0, read=max(300.0, self._timeout)),
+            event_hooks={"response": [remember]},
         )
         stack.push_async_callback(http.aclose)
         return streamable_http_client(transport.url, http_client=http)
+
+
+def _headers(session: _Session, credential: str) -> dict[str, str]:
+    """A direct request's headers, as the SDK's client sends them in that session."""
+    headers = {
+        "Authorization": f"Bearer {credential}",
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": session.client.protocol_version,
+    }
+    if session.session_id is not None:
+        headers["Mcp-Session-Id"] = session.session_id
+    return headers
+
+
+async def _read_bounded(response: httpx2.Response) -> bytes:
+    """The whole body, up to MAX_MESSAGE_BYTES (above it, the upstream failed)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > MAX_MESSAGE_BYTES:
+            raise UpstreamError(f"an upstream answer is over {MAX_MESSAGE_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json_object(text: bytes | str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+async def _messages(response: httpx2.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON-RPC messages of an SSE response (events without data, e.g. priming, are skipped)."""
+    try:
+        async for event in httpx2.EventSource(response, max_event_size=MAX_MESSAGE_BYTES):
+            if event.event not in ("", "message") or not event.data:
+                continue
+            message = _json_object(event.data)
+            if message is None:
+                raise UpstreamError("an upstream sent an SSE event that is not a JSON-RPC message")
+            yield message
+    except httpx2.SSEError:
+        raise UpstreamError(f"an upstream sent an SSE event over {MAX_MESSAGE_BYTES} bytes") from None
+
+
+def _result(upstream: str, answer: dict[str, Any] | None, request_id: str) -> dict[str, Any]:
+    """The result of a JSON-RPC response to `request_id`; its error is raised to be relayed."""
+    if answer is not None and answer.get("jsonrpc") == "2.0" and answer.get("id") == request_id:
+        result, error = answer.get("result"), answer.get("error")
+        if isinstance(result, dict) and error is None:
+            return result
+        if result is None and isinstance(error, dict):
+            code, message = error.get("code"), error.get("message")
+            if isinstance(code, int) and not isinstance(code, bool) and isinstance(message, str):
+                raise _Answered(code, message, error.get("data"))
+    raise UpstreamError(f"the upstream `{upstream}` did not answer with a JSON-RPC response")
+
+
+_DECLINED = {
+    "sampling/createMessage": "Sampling not supported",
+    "elicitation/create": "Elicitation not supported",
+    "roots/list": "List roots not supported",
+}
+"""What the SDK's client answers to the requests it has no callback for (the pool's clients have none)."""
+
+
+def _client_answer(method: str, version: str, params: Any) -> dict[str, Any]:
+    """The answer (`result` or `error`) the SDK's client gives a server-to-client request."""
+    not_found = {"error": {"code": mcp_types.METHOD_NOT_FOUND, "message": "Method not found", "data": method}}
+    try:
+        methods.parse_server_request(method, version, params)
+    except KeyError:
+        return not_found
+    except ValidationError:
+        return {"error": {"code": mcp_types.INVALID_PARAMS, "message": "Invalid request parameters", "data": ""}}
+    if method == "ping":
+        return {"result": {}}
+    if method in _DECLINED:
+        return {"error": {"code": mcp_types.INVALID_REQUEST, "message": _DECLINED[method]}}
+    return not_found
