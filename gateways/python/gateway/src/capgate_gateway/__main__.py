@@ -3,6 +3,7 @@
     --capgate URL  --gateway-token-file FILE  [--ca-file FILE]
     (--listen HOST:PORT | --stdio)  [--issuer ID]  [--decide-timeout SECONDS]
     [--upstream-timeout SECONDS]  [--relay FILE]  [--allowed-host HOST]…  [--allowed-origin ORIGIN]…
+    [--call-path direct|sdk]
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPDeprecationWarning
 
 from capgate_gateway import logs
+from capgate_gateway.direct import DirectPath
 from capgate_gateway.edge import Edge, HostCheck
 from capgate_gateway.gateway import Gateway, StdioCaller
 from capgate_gateway.relay import Fanout, RelayConfigError, RelayedUpstream, load_config
@@ -55,6 +57,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--allowed-origin", action="append", default=[], metavar="ORIGIN",
         help="an Origin accepted besides those of the allowed hosts (repeatable)",
+    )
+    parser.add_argument(
+        "--call-path", choices=("direct", "sdk"), default="direct",
+        help="how --listen relays a tools/call of a handshake-era session: below the MCP SDK, on kept "
+             "upstream connections (direct, the default), or through the SDK's server and client (sdk)",
     )
     args = parser.parse_args(argv)
     if not args.capgate:
@@ -115,7 +122,7 @@ async def run(args: argparse.Namespace) -> None:
                     if args.stdio:
                         await _serve_stdio(gateway)
                     else:
-                        await _serve_http(gateway, args.listen, args.allowed_host, args.allowed_origin)
+                        await _serve_http(gateway, args.listen, args.allowed_host, args.allowed_origin, args.call_path)
                 finally:
                     await upstreams.aclose()
                     tg.cancel_scope.cancel()
@@ -144,7 +151,7 @@ class _Uvicorn(uvicorn.Server):
             logs.emit_raw({"event": "listening", "url": self._url})
 
 
-async def _serve_http(gateway: Gateway, listen: str, hosts: list[str], origins: list[str]) -> None:
+async def _serve_http(gateway: Gateway, listen: str, hosts: list[str], origins: list[str], call_path: str) -> None:
     host, _, port = listen.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -160,7 +167,8 @@ async def _serve_http(gateway: Gateway, listen: str, hosts: list[str], origins: 
         streamable_http_path="/mcp", host=host,
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
     )
-    edge = Edge(app, HostCheck.for_bind(host, hosts, origins))
+    direct = DirectPath(gateway) if call_path == "direct" else None
+    edge = Edge(app, HostCheck.for_bind(host, hosts, origins), direct)
     config = uvicorn.Config(edge, log_config=None, access_log=False, lifespan="on", log_level="warning")
     server = _Uvicorn(config, url)
     await server.serve(sockets=[sock])

@@ -13,6 +13,9 @@ In this order:
   first gives one answer for every revision. A body that is not JSON, or nested too deeply
   to parse, is -32700 here.
 
+Then a tools/call in a handshake-era session takes the direct path (direct.py), past the
+SDK; everything else goes on to the SDK.
+
 INVARIANT: every 4xx or 5xx answer, whoever made it, carries a JSON-RPC error body: the SDK's
 few plain-text refusals (a wrong `Content-Type`, …) are rewritten on their way out.
 """
@@ -24,10 +27,13 @@ import binascii
 import ipaddress
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from capgate_gateway.direct import DirectPath
 
 INVALID_REQUEST = -32600
 PARSE_ERROR = -32700
@@ -113,9 +119,10 @@ class HostCheck:
 
 
 class Edge:
-    def __init__(self, app: ASGIApp, host_check: HostCheck | None = None) -> None:
+    def __init__(self, app: ASGIApp, host_check: HostCheck | None = None, direct: DirectPath | None = None) -> None:
         self.app = app
         self.host_check = host_check
+        self.direct = direct
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -136,7 +143,12 @@ class Edge:
         if scope["path"] != MCP_PATH:
             await _error(send, 404, INVALID_REQUEST, f"not found: MCP is served at {MCP_PATH}")
             return
-        if scope["method"] != "POST" or ("mcp-method" not in headers and "mcp-name" not in headers):
+        if scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        routed = "mcp-method" in headers or "mcp-name" in headers
+        direct = self.direct if self.direct is not None and self.direct.wants(scope, headers) else None
+        if not routed and direct is None:
             await self.app(scope, receive, send)
             return
         body, complete = await _read_body(receive)
@@ -146,14 +158,19 @@ class Edge:
         try:
             message = json.loads(body)
         except (ValueError, RecursionError) as error:
+            if not routed:  # the SDK answers it, as it would have
+                await self.app(scope, _replay(body, receive), send)
+                return
             # RecursionError: a body nested deeper than the parser goes is as unreadable as bad JSON.
             reason = "nested too deeply" if isinstance(error, RecursionError) else "not JSON"
             await _error(send, 400, PARSE_ERROR, f"Parse error: the body is {reason}")
             return
-        mismatch = _routing_mismatch(headers, message)
+        mismatch = _routing_mismatch(headers, message) if routed else None
         if mismatch is not None:
             request_id, reason = mismatch
             await _error(send, 400, INVALID_REQUEST, reason, request_id)
+            return
+        if direct is not None and await direct.answer(headers, message, send):
             return
         await self.app(scope, _replay(body, receive), send)
 
