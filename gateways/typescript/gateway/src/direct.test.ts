@@ -100,7 +100,7 @@ describe("the direct path to a real upstream", () => {
       }
       assert.equal(text(await call(direct, url, "whoami")), `credential-sha256: ${createHash("sha256").update(CREDENTIAL).digest("hex")}`);
       if (answering === "sse") assert.equal(text(await call(direct, url, "ask")), "ping: answered; elicitation/create: error -32601");
-      for (const name of ["fail", "missing"]) {
+      for (const name of ["fail", "raw-32002"]) {
         const viaDirect = await failure(call(direct, url, name));
         const viaSdk = await failure(call(sdk, url, name));
         assert.ok(viaDirect instanceof UpstreamError, `${name}: ${String(viaDirect)}`);

@@ -6,7 +6,7 @@
 //!
 //! * `echo` its `text`; `whoami` the SHA-256 of the bearer token it was called with;
 //! * `connections` how many TCP connections it has accepted, `sessions` how many handshakes;
-//! * `fail` a JSON-RPC error of its own (-32099), `missing` one with code -32002;
+//! * `fail` a JSON-RPC error of its own (-32099);
 //! * `notify` sends `notifications/message` on the call's stream before answering;
 //! * `ask` sends the caller `ping` and `elicitation/create` before answering, and says what
 //!   came back;
@@ -16,7 +16,8 @@
 //! A call of a tool named `raw-…` is answered below the SDK with what no MCP server should
 //! send: `raw-500` HTTP 500, `raw-garbage` a body that is not JSON, `raw-wrong-id` another
 //! request's response, `raw-no-answer` an SSE stream that ends without the response,
-//! `raw-html` a `text/html` page.
+//! `raw-html` a `text/html` page; and `raw-32002` a JSON-RPC error with code -32002, which the
+//! SDK server would not send (it rewrites it to -32602) but an upstream on another stack may.
 
 import { createHash, randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
@@ -30,7 +31,7 @@ const sessions = new Map<string, NodeStreamableHTTPServerTransport>();
 let connections = 0;
 let handshakes = 0;
 
-const TOOLS = ["echo", "whoami", "connections", "sessions", "fail", "missing", "notify", "ask", "forget", "hang", "big"];
+const TOOLS = ["echo", "whoami", "connections", "sessions", "fail", "notify", "ask", "forget", "hang", "big"];
 
 function build(): Server {
   const server = new Server({ name: "session-upstream", version: "1.0.0" }, { capabilities: { tools: {}, logging: {} } });
@@ -50,8 +51,6 @@ function build(): Server {
         return text(String(handshakes));
       case "fail":
         throw new ProtocolError(-32099, "the upstream refuses", { why: "asked to" });
-      case "missing":
-        throw new ProtocolError(-32002, "no such thing here", { what: "thing" });
       case "notify":
         await ctx.mcpReq.notify({ method: "notifications/message", params: { level: "info", logger: "fixture", data: "before the answer" } });
         return text("notified");
@@ -84,7 +83,7 @@ function build(): Server {
 
 /** The raw answer for a `raw-…` tool; false when the SDK is to answer. */
 function answeredRaw(body: unknown, res: ServerResponse): boolean {
-  const call = body as { method?: unknown; params?: { name?: unknown } } | undefined;
+  const call = body as { id?: unknown; method?: unknown; params?: { name?: unknown } } | undefined;
   if (call?.method !== "tools/call" || typeof call.params?.name !== "string" || !call.params.name.startsWith("raw-")) return false;
   switch (call.params.name) {
     case "raw-500":
@@ -95,6 +94,10 @@ function answeredRaw(body: unknown, res: ServerResponse): boolean {
       break;
     case "raw-wrong-id":
       res.writeHead(200, { "Content-Type": "application/json" }).end(JSON.stringify({ jsonrpc: "2.0", id: "someone-else", result: {} }));
+      break;
+    case "raw-32002":
+      res.writeHead(200, { "Content-Type": "application/json" });
+      res.end(JSON.stringify({ jsonrpc: "2.0", id: call.id, error: { code: -32002, message: "no such thing here", data: { what: "thing" } } }));
       break;
     case "raw-no-answer":
       res.writeHead(200, { "Content-Type": "text/event-stream" });
