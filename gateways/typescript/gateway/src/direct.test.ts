@@ -93,12 +93,18 @@ describe("the direct path to a real upstream", () => {
       const direct = pool("direct").pool;
       const sdk = pool("sdk").pool;
       // The upstream can ask its caller something only on a stream: a JSON answer has no room.
-      const names = answering === "sse" ? (["echo", "whoami", "ask"] as const) : (["echo", "whoami"] as const);
+      const names = answering === "sse" ? (["echo", "whoami", "headers", "ask"] as const) : (["echo", "whoami", "headers"] as const);
       for (const name of names) {
         const args = name === "echo" ? { text: "über → 𝄞 \"quoted\"" } : undefined;
         assert.deepEqual(await call(direct, url, name, args), await call(sdk, url, name, args), name);
       }
       assert.equal(text(await call(direct, url, "whoami")), `credential-sha256: ${createHash("sha256").update(CREDENTIAL).digest("hex")}`);
+      assert.deepEqual(JSON.parse(text(await call(direct, url, "headers"))), {
+        accept: "application/json, text/event-stream",
+        "content-type": "application/json",
+        "mcp-protocol-version": "2025-11-25",
+        "mcp-session-id": true,
+      });
       if (answering === "sse") assert.equal(text(await call(direct, url, "ask")), "ping: answered; elicitation/create: error -32601");
       for (const name of ["fail", "raw-32002"]) {
         const viaDirect = await failure(call(direct, url, name));

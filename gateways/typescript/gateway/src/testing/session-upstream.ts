@@ -6,6 +6,7 @@
 //!
 //! * `echo` its `text`; `whoami` the SHA-256 of the bearer token it was called with;
 //! * `connections` how many TCP connections it has accepted, `sessions` how many handshakes;
+//! * `headers` the MCP headers the call came with (the session id as whether it named the session);
 //! * `fail` a JSON-RPC error of its own (-32099);
 //! * `notify` sends `notifications/message` on the call's stream before answering;
 //! * `ask` sends the caller `ping` and `elicitation/create` before answering, and says what
@@ -30,8 +31,10 @@ const sha256 = (text: string) => createHash("sha256").update(text).digest("hex")
 const sessions = new Map<string, NodeStreamableHTTPServerTransport>();
 let connections = 0;
 let handshakes = 0;
+/** The headers of the request being dispatched: calls are made one at a time. */
+let calledWith: IncomingMessage["headers"] = {};
 
-const TOOLS = ["echo", "whoami", "connections", "sessions", "fail", "notify", "ask", "forget", "hang", "big"];
+const TOOLS = ["echo", "whoami", "connections", "sessions", "headers", "fail", "notify", "ask", "forget", "hang", "big"];
 
 function build(): Server {
   const server = new Server({ name: "session-upstream", version: "1.0.0" }, { capabilities: { tools: {}, logging: {} } });
@@ -49,6 +52,15 @@ function build(): Server {
         return text(String(connections));
       case "sessions":
         return text(String(handshakes));
+      case "headers":
+        return text(
+          JSON.stringify({
+            accept: calledWith.accept,
+            "content-type": calledWith["content-type"],
+            "mcp-protocol-version": calledWith["mcp-protocol-version"],
+            "mcp-session-id": sessions.has(String(calledWith["mcp-session-id"])),
+          }),
+        );
       case "fail":
         throw new ProtocolError(-32099, "the upstream refuses", { why: "asked to" });
       case "notify":
@@ -129,6 +141,7 @@ const http = createServer((req, res) => {
         res.end(JSON.stringify({ jsonrpc: "2.0", id: null, error: { code: -32001, message: "Session not found" } }));
         return;
       }
+      calledWith = req.headers;
       await transport.handleRequest(req, res, body);
       return;
     }
