@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import AsyncExitStack, aclosing, suppress
 from dataclasses import dataclass, field
 from hashlib import sha256
@@ -371,7 +371,7 @@ def _json_object(text: bytes | str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-async def _messages(response: httpx2.Response) -> AsyncIterator[dict[str, Any]]:
+async def _messages(response: httpx2.Response) -> AsyncGenerator[dict[str, Any], None]:
     """The JSON-RPC messages of an SSE response (events without data, e.g. priming, are skipped)."""
     try:
         async for event in httpx2.EventSource(response, max_event_size=MAX_MESSAGE_BYTES):
