@@ -3,7 +3,8 @@
 Two gateways on one capgate of this module's own: `--call-path direct` (the default) and
 `--call-path sdk`, in front of upstreams/handshake_upstream.py, a handshake-era HTTP upstream
 that counts the connections its calls came on, forgets its sessions on demand, says things
-before it answers and can hang. Callers speak the 2025-11-25 wire over raw HTTP, so that what
+before it answers and can hang (and of our 2026-07-28 upstreams, which the SDK's client calls
+on either path). Callers speak the 2025-11-25 wire over raw HTTP, so that what
 each gateway answers (status, Content-Type, JSON-RPC body) is compared as sent.
 
 Python only: the TypeScript gateway joins by being added to KINDS once it has `--call-path`.
@@ -43,21 +44,26 @@ UPSTREAM_TIMEOUT = 3
 ACCEPT = "application/json, text/event-stream"
 
 
-def policy(upstream_url: str, down_url: str, discovery: str) -> dict[str, Any]:
+def policy(upstream_url: str, values: dict[str, str], discovery: str) -> dict[str, Any]:
     tools = ["echo", "echo_json", "whoami", "fail", "chatty", "hang"]
 
     def upstream(upstream_id: str, url: str, names: list[str], capability: str | None = None) -> dict[str, Any]:
         return {"id": upstream_id, "transport": {"kind": "mcp-http", "url": url},
                 "tools": [{"name": n, "capability": capability or _capability(n)} for n in names]}
 
+    # Besides: our 2026-07-28 upstreams, over stdio and HTTP, which the SDK's client calls.
+    stdio = {"kind": "mcp-stdio", "command": values["PYTHON"], "args": [values["SCENARIOS"] + "/upstreams/stdio_upstream.py"]}
+    others = ("hs.finance", "hs.unresolved", "hs.down", "hs.stdio", "hs.modern")
     return {
         "version": 1,
-        "capabilities": [{"id": _capability(n)} for n in tools] + [{"id": c} for c in ("hs.finance", "hs.unresolved", "hs.down")],
+        "capabilities": [{"id": _capability(n)} for n in tools] + [{"id": c} for c in others],
         "upstreams": [
             upstream("hs", upstream_url, tools),
             upstream("finance", upstream_url, ["echo"], "hs.finance"),
             upstream("unresolved", upstream_url, ["echo"], "hs.unresolved"),
-            upstream("down", down_url, ["echo"], "hs.down"),
+            upstream("down", values["DOWN_URL"], ["echo"], "hs.down"),
+            {"id": "probe", "transport": stdio, "tools": [{"name": "echo", "capability": "hs.stdio"}]},
+            upstream("web", values["WEB_URL"], ["whoami"], "hs.modern"),
         ],
         "accounts": [{"id": "acct-web", "secret": {"ref": "env://SCENARIO_SECRET_WEB"}},
                      {"id": "acct-unset", "secret": {"ref": "env://SCENARIO_DIRECT_PATH_UNSET"}}],
@@ -65,7 +71,7 @@ def policy(upstream_url: str, down_url: str, discovery: str) -> dict[str, Any]:
                                     "attributes": {"dept": "claim:department"}}]},
         "grants": [
             {"to": {"issuer": "idp", "attributes": {"dept": "support"}},
-             "capabilities": [_capability(n) for n in tools] + ["hs.down"], "using": "acct-web"},
+             "capabilities": [_capability(n) for n in tools] + ["hs.down", "hs.stdio", "hs.modern"], "using": "acct-web"},
             {"to": {"issuer": "idp", "attributes": {"dept": "support"}}, "capabilities": ["hs.unresolved"],
              "using": "acct-unset"},
             {"to": {"issuer": "idp", "attributes": {"dept": "finance"}}, "capabilities": ["hs.finance"],
@@ -108,7 +114,7 @@ def setup(world, request: pytest.FixtureRequest) -> Iterator[Setup]:  # noqa: AN
     started: list[Process] = [upstream]
     try:
         url = upstream.wait_for(lambda line: (json_event(line) or {}).get("url"))
-        document = policy(url, world.values["DOWN_URL"], world.oidc.discovery_url)
+        document = policy(url, world.values, world.oidc.discovery_url)
         (directory / "policy.yaml").write_text(yaml.safe_dump(document))
         (directory / "catalog.yaml").write_text(yaml.safe_dump({"version": 1, "tools": [
             {"upstream": u["id"], "name": t["name"], "description": f"{t['name']} of handshake_upstream.py"}
@@ -222,6 +228,8 @@ CALLS: dict[str, tuple[str, dict[str, Any] | None]] = {
     "unresolved secret": ("unresolved__echo", {"text": "x"}),
     "upstream down": ("down__echo", {"text": "x"}),
     "arguments too large": ("hs__echo", {"text": "x" * (64 * 1024)}),
+    "stdio upstream": ("probe__echo", {"text": "over stdio"}),
+    "2026-07-28 upstream": ("web__whoami", {}),
 }
 
 
@@ -259,6 +267,8 @@ def test_both_paths_answer_every_call_alike(setup: Setup) -> None:
     assert got["without arguments"]["result"]["content"][0]["text"] == "{}"
     secret = hashlib.sha256(setup.world.sentinels["SECRET_WEB"].encode()).hexdigest()
     assert got["credential"]["result"]["content"][0]["text"] == f"credential-sha256: {secret}"
+    assert got["2026-07-28 upstream"]["result"]["content"][0]["text"] == f"credential-sha256: {secret}"
+    assert got["stdio upstream"]["result"]["content"][0]["text"] == "over stdio"
     # What the upstream asked mid-call was answered as the SDK's client answers it.
     assert json.loads(got["asked mid-call"]["result"]["content"][0]["text"]) == [
         {"result": {}}, {"error": {"code": -32600, "message": "Sampling not supported"}}]
