@@ -305,6 +305,7 @@ describe("--call-path direct against --call-path sdk", () => {
       ["Accept without SSE", call, { Accept: "application/json" }],
       ["arguments that are not an object", { ...call, params: { name: "up__echo", arguments: [1] } }, {}],
       ["a null id", { ...call, id: null }, {}],
+      ["a progress token of the wrong type", { ...call, params: { ...call.params, _meta: { progressToken: [1] } } }, {}],
       ["an unknown protocol version", call, { "MCP-Protocol-Version": "1999-01-01" }],
       ["a session the gateway does not hold", call, { "Mcp-Session-Id": "not-a-session" }],
     ];

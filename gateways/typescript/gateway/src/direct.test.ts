@@ -105,7 +105,7 @@ describe("the direct path to a real upstream", () => {
         "mcp-protocol-version": "2025-11-25",
         "mcp-session-id": true,
       });
-      if (answering === "sse") assert.equal(text(await call(direct, url, "ask")), "ping: answered; elicitation/create: error -32601");
+      if (answering === "sse") assert.equal(text(await call(direct, url, "ask")), "ping: answered; elicitation/create: error -32601; sampling/createMessage: error -32601");
       for (const name of ["fail", "raw-32002"]) {
         const viaDirect = await failure(call(direct, url, name));
         const viaSdk = await failure(call(sdk, url, name));

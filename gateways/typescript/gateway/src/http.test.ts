@@ -16,8 +16,11 @@ test("a tools/call with a string or integer id, a name, and arguments absent or 
     name: "up__echo",
     arguments: undefined,
   });
-  const progress = { ...CALL, params: { ...CALL.params, _meta: { progressToken: 3 } } };
-  assert.equal(directCall(HEADERS, progress)?.name, "up__echo");
+  for (const progressToken of [3, "p-1"]) {
+    const progress = { ...CALL, params: { ...CALL.params, _meta: { progressToken } } };
+    assert.equal(directCall(HEADERS, progress)?.name, "up__echo");
+  }
+  assert.equal(directCall(HEADERS, { ...CALL, params: { ...CALL.params, _meta: {} } })?.name, "up__echo");
   for (const headers of [
     { ...HEADERS, "content-type": "application/json; charset=utf-8" },
     { ...HEADERS, accept: "text/event-stream, application/json;q=0.9" },
@@ -64,6 +67,11 @@ test("anything but one well-formed tools/call request is left to the SDK", () =>
     { ...CALL, params: { name: "up__echo", task: { ttl: 1 } } },
     { ...CALL, params: { name: "up__echo", _meta: "x" } },
     { ...CALL, params: { name: "up__echo", _meta: { "io.modelcontextprotocol/protocolVersion": "2026-07-28" } } },
+    { ...CALL, params: { name: "up__echo", _meta: { progressToken: [1] } } },
+    { ...CALL, params: { name: "up__echo", _meta: { progressToken: 1.5 } } },
+    { ...CALL, params: { name: "up__echo", _meta: { progressToken: null } } },
+    { ...CALL, params: { name: "up__echo", _meta: { "io.modelcontextprotocol/related-task": { taskId: 1 } } } },
+    { ...CALL, params: { name: "up__echo", _meta: { "com.example/trace": "t" } } },
   ];
   for (const body of bodies) assert.equal(directCall(HEADERS, body), undefined, JSON.stringify(body));
 });

@@ -26,7 +26,6 @@ import { createServer, type IncomingMessage, type Server as HttpServer, type Ser
 import type { AddressInfo } from "node:net";
 import { NodeStreamableHTTPServerTransport, toNodeHandler, toWebRequest } from "@modelcontextprotocol/node";
 import {
-  PROTOCOL_VERSION_META_KEY,
   SUPPORTED_PROTOCOL_VERSIONS,
   createMcpHandler,
   isInitializeRequest,
@@ -118,6 +117,22 @@ const isObject = (value: unknown): value is Record<string, unknown> =>
 const DIRECT_PARAMS = new Set(["name", "arguments", "_meta"]);
 
 /**
+ * A `_meta` the direct path takes: none, or only a `progressToken` of the type the SDK's
+ * schema wants (it answers 400 to another). Any other key (a related task, a 2026-07-28
+ * envelope claim, which the SDK routes to that leg, or what some extension adds) leaves
+ * the call to the SDK, which knows what each means.
+ */
+function plainMeta(meta: unknown): boolean {
+  if (meta === undefined) return true;
+  if (!isObject(meta)) return false;
+  for (const [key, value] of Object.entries(meta)) {
+    if (key !== "progressToken") return false;
+    if (!(typeof value === "string" || (typeof value === "number" && Number.isSafeInteger(value)))) return false;
+  }
+  return true;
+}
+
+/**
  * The POST as a call the direct path answers, or undefined when the SDK is to serve it (and
  * answer exactly as it would without the direct path: a batch, an unknown session, a bad
  * Accept, malformed params, a 2026-07-28 request each keep the SDK's answer). Only what the
@@ -125,9 +140,8 @@ const DIRECT_PARAMS = new Set(["name", "arguments", "_meta"]);
  * Content-Type; an Accept naming both JSON and SSE (the SDK's own test: it answers 406
  * otherwise, so a direct answer there would be one the SDK path never gives); a protocol
  * version header that leg accepts, or none; one JSON-RPC request with a string or integer id,
- * a string `name`, `arguments` absent or an object, and no 2026-07-28 envelope claim in
- * `_meta` (the SDK would route that to the 2026-07-28 leg). Whether the session is held is the
- * caller's check.
+ * a string `name`, `arguments` absent or an object, and a `_meta` that plainMeta takes.
+ * Whether the session is held is the caller's check.
  */
 export function directCall(headers: IncomingMessage["headers"], body: unknown): DirectCall | undefined {
   const contentType = headerValue(headers["content-type"]);
@@ -143,8 +157,7 @@ export function directCall(headers: IncomingMessage["headers"], body: unknown): 
   for (const key of Object.keys(params)) if (!DIRECT_PARAMS.has(key)) return undefined;
   const args = params.arguments;
   if (args !== undefined && !isObject(args)) return undefined;
-  const meta = params._meta;
-  if (meta !== undefined && (!isObject(meta) || PROTOCOL_VERSION_META_KEY in meta)) return undefined;
+  if (!plainMeta(params._meta)) return undefined;
   return { id, name: params.name, arguments: args };
 }
 
@@ -242,7 +255,8 @@ export async function serveHttp(
 
     if (callPath === "direct" && req.method === "POST") {
       // Checked before isLegacyRequest, which builds a web Request to classify: a call directCall
-      // takes (no envelope claim, no 2026-07-28 version header) is one it classifies 2025-era.
+      // takes (no envelope claim in `_meta`, no 2026-07-28 version header) is one it classifies
+      // 2025-era.
       const sessionId = headerValue(req.headers["mcp-session-id"]);
       const call = sessionId !== undefined && sessions.has(sessionId) ? directCall(req.headers, body) : undefined;
       if (sessionId !== undefined && call !== undefined) {

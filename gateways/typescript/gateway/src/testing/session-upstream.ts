@@ -9,8 +9,8 @@
 //! * `headers` the MCP headers the call came with (the session id as whether it named the session);
 //! * `fail` a JSON-RPC error of its own (-32099);
 //! * `notify` sends `notifications/message` on the call's stream before answering;
-//! * `ask` sends the caller `ping` and `elicitation/create` before answering, and says what
-//!   came back;
+//! * `ask` sends the caller `ping`, `elicitation/create` and `sampling/createMessage` before
+//!   answering, and says what came back;
 //! * `forget` drops every session (later requests naming one get HTTP 404, as from an upstream
 //!   that restarted); `hang` never answers; `big` answers a text of `bytes` bytes.
 //!
@@ -68,9 +68,13 @@ function build(): Server {
         return text("notified");
       case "ask": {
         const outcomes: string[] = [];
-        for (const method of ["ping", "elicitation/create"] as const) {
+        const asked = {
+          ping: {},
+          "elicitation/create": { mode: "form", message: "?", requestedSchema: { type: "object", properties: {} } },
+          "sampling/createMessage": { messages: [], maxTokens: 1 },
+        };
+        for (const [method, params] of Object.entries(asked)) {
           try {
-            const params = method === "ping" ? {} : { mode: "form", message: "?", requestedSchema: { type: "object", properties: {} } };
             await ctx.mcpReq.send({ method, params } as never);
             outcomes.push(`${method}: answered`);
           } catch (error) {
