@@ -233,6 +233,10 @@ CALLS: dict[str, tuple[str, dict[str, Any] | None]] = {
 }
 
 
+OUTCOMES = ("allowed", "denied", "credential_failed", "upstream_failed", "capgate_unavailable")
+"""The log events that end a call."""
+
+
 def test_both_paths_answer_every_call_alike(setup: Setup) -> None:
     """Results, relayed upstream errors and every kind of refusal: the same JSON-RPC answer, and the
     same log events, whichever path the call took; only the framing differs (JSON, not SSE)."""
@@ -249,8 +253,14 @@ def test_both_paths_answer_every_call_alike(setup: Setup) -> None:
 
         answers[path] = session(setup, path, work, token)
         answers[path]["unauthenticated"] = session(setup, path, lambda raw: raw.call("hs__echo", {"text": "x"}), forged)
-        events = [e for e in setup.events(path)[before:]
-                  if e["event"] in ("allowed", "denied", "credential_failed", "upstream_failed", "capgate_unavailable")]
+
+        def outcomes(line: str, path: str = path, before: int = before) -> list[dict[str, Any]] | None:
+            # One per call, but for the relayed upstream error, which neither path logs; the
+            # last ones may still be on their way from the gateway's stderr.
+            events = [e for e in setup.events(path)[before:] if e["event"] in OUTCOMES]
+            return events if len(events) == len(CALLS) else None
+
+        events = setup.gateways[path].process.wait_for(outcomes, timeout=10)
         logged[path] = [{k: v for k, v in e.items() if k not in ("ts", "decision_id")} for e in events]
 
     for label, direct in answers["direct"].items():
@@ -259,8 +269,7 @@ def test_both_paths_answer_every_call_alike(setup: Setup) -> None:
         assert (direct.content_type, sdk.content_type) == ("application/json", "text/event-stream"), label
         assert direct.session_id and sdk.session_id, label
         assert masked(direct.body) == masked(sdk.body), label
-    # One event per call, but for the relayed upstream error, which neither path logs.
-    assert logged["direct"] == logged["sdk"] and len(logged["direct"]) == len(CALLS), logged
+    assert logged["direct"] == logged["sdk"], logged
 
     got = {label: a.body for label, a in answers["direct"].items()}
     assert got["echoed"]["result"]["content"][0]["text"] == "über → 𝄞 \"quoted\""
@@ -313,7 +322,11 @@ def test_an_upstream_that_forgot_its_session_gets_the_call_in_a_new_one(setup: S
     assert second.content_type == "application/json", second
     assert "result" in second.body and second.body["result"]["content"][0]["text"] == "after", second
     assert setup.stats()["initializes"] >= handshakes + 1
-    assert any(e["event"] == "upstream_session_lost" and e.get("upstream") == "hs" for e in setup.events("direct"))
+    lost = setup.gateways["direct"].process.wait_for(
+        lambda line: (e := json_event(line)) and e.get("event") == "upstream_session_lost" and e.get("upstream") == "hs",
+        timeout=10,
+    )
+    assert lost
 
 
 def test_what_an_upstream_says_before_its_answer_reaches_the_callers(setup: Setup) -> None:
