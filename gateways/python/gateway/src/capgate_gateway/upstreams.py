@@ -220,10 +220,10 @@ class UpstreamPool:
     async def _read_stream(
         self, upstream: str, url: str, key: Key, session: _Session, headers: dict[str, str],
         response: httpx2.Response, request_id: str,
-    ) -> Any:
-        """The response to `request_id` from an SSE stream, what the upstream said before it
-        delivered as its SDK session would; the stream is then read to its end, so that the
-        connection goes back to the pool."""
+    ) -> dict[str, Any]:
+        """The response to `request_id` from an SSE stream. What else the upstream sends on it is
+        delivered (or answered) as its SDK session would; past the response the stream is read
+        to its end, so that the connection goes back to the pool."""
         version = session.client.protocol_version
         async with aclosing(_messages(response)) as events:
             async for message in events:
