@@ -3,7 +3,9 @@
 One MCP client (the official Python SDK, the 2025-11-25 handshake, one session) calls the
 `echo` tool of a local upstream (@modelcontextprotocol/server-everything over Streamable HTTP)
 N times in a row after a warm-up — directly, then through the Python gateway, then through the
-TypeScript gateway, both asking a real `capgate serve` (SQLite) with a bearer JWT. capgate's
+TypeScript gateway, each with `--call-path sdk` (both MCP SDK stacks per call, the baseline) and
+`--call-path direct` (tools/call relayed below the SDKs, the default), all asking a real
+`capgate serve` (SQLite) with a bearer JWT. capgate's
 Decide is timed alone too, from a gRPC client, the same N times with the same credential.
 
 It prints, per path, p50 and p99 of the call, the gateway's overhead over the direct call, how
@@ -175,12 +177,12 @@ def policy(upstream_url: str, discovery: str) -> dict[str, Any]:
     }
 
 
-def gateway_under_valgrind(kind: GatewayKind, world: World, out: Path, calls: int) -> int:
+def gateway_under_valgrind(kind: GatewayKind, call_path: str, world: World, out: Path, calls: int) -> int:
     """Instructions the gateway process executes for `calls` calls after the warm-up (callgrind's total)."""
-    log = world.directory / f"{kind.name}-callgrind-{calls}.stderr"
+    log = world.directory / f"{kind.name}-{call_path}-callgrind-{calls}.stderr"
     command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--trace-children=no", *kind.command(),
                "--capgate", world.capgate_url, "--gateway-token-file", str(world.gateway_token_file),
-               "--listen", "127.0.0.1:0"]
+               "--listen", "127.0.0.1:0", "--call-path", call_path]
     process = Process(f"{kind.name} gateway (callgrind)", command, env=world.env, cwd=kind.cwd, log=log)
     try:
         url = process.wait_for(lambda line: (json_event(line) or {}).get("url"), timeout=600)
@@ -196,7 +198,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--instructions", action="store_true", help="also count each gateway's instructions per call")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--call-paths", default="sdk,direct",
+                        help="the gateways' --call-path values to measure, in this order (default: sdk,direct)")
     args = parser.parse_args()
+    call_paths = [p for p in args.call_paths.split(",") if p]
+    if not call_paths or any(p not in ("sdk", "direct") for p in call_paths):
+        parser.error("--call-paths lists sdk and/or direct")
     for needed in (NODE22, EVERYTHING, capgate_bin()):
         if not needed.exists():
             sys.exit(f"bench: {needed} is missing (gateways/bench/run.sh installs and builds what it needs)")
@@ -236,19 +243,24 @@ def main() -> None:
                           {"capgate": capgate.process.proc.pid}),
             ]
             instructions: dict[str, float] = {}
+            # Each gateway with each call path, one after the other in the same run: the SDK path
+            # (both MCP SDK stacks per call) is the baseline the direct path is compared with.
             for kind in (GatewayKind("python"), GatewayKind("typescript")):
-                gateway = start_http_gateway(kind, capgate.url, world.gateway_token_file, env,
-                                             directory / f"{kind.name}-gateway.stderr")
-                processes.append(gateway.process)
-                watch = {"gateway": gateway.process.proc.pid, **world.pids}
-                results.append(anyio.run(mcp_calls, gateway.url, TOOL, caller, args.warmup, args.calls, watch,
-                                         f"through the {kind.name} gateway"))
-                gateway.process.stop()
-                if args.instructions:
-                    short, long = 50, 250
-                    counts = [gateway_under_valgrind(kind, world, directory / f"{kind.name}-{n}.callgrind", n)
-                              for n in (short, long)]
-                    instructions[kind.name] = (counts[1] - counts[0]) / (long - short)
+                for call_path in call_paths:
+                    gateway = start_http_gateway(kind, capgate.url, world.gateway_token_file, env,
+                                                 directory / f"{kind.name}-{call_path}-gateway.stderr",
+                                                 ["--call-path", call_path])
+                    processes.append(gateway.process)
+                    watch = {"gateway": gateway.process.proc.pid, **world.pids}
+                    results.append(anyio.run(mcp_calls, gateway.url, TOOL, caller, args.warmup, args.calls, watch,
+                                             f"through the {kind.name} gateway, {call_path}"))
+                    gateway.process.stop()
+                    if args.instructions:
+                        short, long = 50, 250
+                        counts = [gateway_under_valgrind(kind, call_path, world,
+                                                         directory / f"{kind.name}-{call_path}-{n}.callgrind", n)
+                                  for n in (short, long)]
+                        instructions[f"{kind.name}, {call_path}"] = (counts[1] - counts[0]) / (long - short)
         finally:
             for process in reversed(processes):
                 process.stop()
@@ -260,10 +272,10 @@ def main() -> None:
 def report(results: list[Timings], instructions: dict[str, float], args: argparse.Namespace) -> None:
     direct, decide, *gateways = results
     print(f"\n{args.calls} sequential calls after {args.warmup} warm-up calls; capgate: {capgate_bin()}")
-    print(f"{'path':34} {'p50 ms':>8} {'p99 ms':>8} {'×direct':>8}   CPU ms per call")
+    print(f"{'path':42} {'p50 ms':>8} {'p99 ms':>8} {'×direct':>8}   CPU ms per call")
     for t in results:
         cpu = ", ".join(f"{k} {v * 1000:.2f}" for k, v in t.cpu.items())
-        print(f"{t.name:34} {t.p50:8.2f} {t.p99:8.2f} {t.p50 / direct.p50:8.2f}   {cpu}")
+        print(f"{t.name:42} {t.p50:8.2f} {t.p99:8.2f} {t.p50 / direct.p50:8.2f}   {cpu}")
     figures: dict[str, Any] = {"calls": args.calls, "warmup": args.warmup,
                                "paths": {t.name: {"p50_ms": t.p50, "p99_ms": t.p99, "cpu_ms": {k: v * 1000 for k, v in t.cpu.items()}}
                                          for t in results}}
@@ -277,8 +289,14 @@ def report(results: list[Timings], instructions: dict[str, float], args: argpars
               f"({decide.p50 / added:.0%} of what is added, {decide.p50 / t.p50:.0%} of the call); "
               f"the rest, {beyond:.2f} ms, is the gateway's own (goal ≤ {GOAL_MS:g} ms: {verdict})")
         figures["paths"][t.name].update(added_ms=added, beyond_decide_ms=beyond)
+    by_name = {t.name: t for t in gateways}
+    for kind in ("python", "typescript"):
+        sdk, direct_path = (by_name.get(f"through the {kind} gateway, {p}") for p in ("sdk", "direct"))
+        if sdk is not None and direct_path is not None:
+            print(f"{kind} gateway, direct ÷ sdk path: p50 {direct_path.p50 / sdk.p50:.2f}, gateway CPU per call "
+                  f"{direct_path.cpu['gateway'] / sdk.cpu['gateway']:.2f}")
     for name, count in instructions.items():
-        print(f"{name} gateway: {count:,.0f} instructions per call (callgrind, marginal)")
+        print(f"{name} path: {count:,.0f} instructions per call in the gateway process (callgrind, marginal)")
     figures["instructions_per_call"] = instructions
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
