@@ -22,17 +22,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from announce import serve  # a sibling module: these scripts run from this folder
 
 VERSION = "2025-11-25"
 TOOLS = ["echo", "echo_json", "whoami", "fail", "chatty", "hang"]
@@ -154,23 +154,8 @@ app = Starlette(routes=[
 ])
 
 
-class _Announcing(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, url: str) -> None:
-        super().__init__(config)
-        self._url = url
-
-    async def startup(self, sockets=None):  # noqa: ANN001, ANN201 - uvicorn's signature
-        await super().startup(sockets)
-        if self.started:
-            print(json.dumps({"event": "listening", "url": self._url}), flush=True)
-
-
 def main() -> None:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-    _Announcing(config, url).run(sockets=[sock])
+    serve(lambda: app, lifespan="off")
 
 
 if __name__ == "__main__":

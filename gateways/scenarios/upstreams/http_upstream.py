@@ -7,12 +7,11 @@ Run as `python http_upstream.py`; it binds 127.0.0.1 on a free port and prints
 from __future__ import annotations
 
 import hashlib
-import json
-import socket
 import sys
 
-import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
+
+from announce import serve  # a sibling module: these scripts run from this folder
 
 server = MCPServer("scenario-http-upstream")
 
@@ -28,24 +27,8 @@ def whoami(ctx: Context) -> str:
     return "credential-sha256: " + hashlib.sha256(token.encode()).hexdigest()
 
 
-class _Announcing(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, url: str) -> None:
-        super().__init__(config)
-        self._url = url
-
-    async def startup(self, sockets=None):  # noqa: ANN001, ANN201 - uvicorn's signature
-        await super().startup(sockets)
-        if self.started:
-            print(json.dumps({"event": "listening", "url": self._url}), flush=True)
-
-
 def main() -> None:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
-    app = server.streamable_http_app(host="127.0.0.1")
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
-    _Announcing(config, url).run(sockets=[sock])
+    serve(lambda: server.streamable_http_app(host="127.0.0.1"), lifespan="on")
 
 
 if __name__ == "__main__":
