@@ -162,9 +162,9 @@ export function createCapgateClient(options: ClientOptions): CapgateClient {
   // Our own session manager, so that close() can end the HTTP/2 connection
   // (which would otherwise keep the process alive until it idles out).
   const sessions = new Http2SessionManager(options.url, {}, ca === undefined ? {} : { ca });
-  const token = options.gatewayToken;
+  const authorization = options.gatewayToken === undefined ? undefined : `Bearer ${options.gatewayToken}`;
   const bearer: Interceptor = (next) => async (req) => {
-    if (token !== undefined) req.header.set("authorization", `Bearer ${token}`);
+    if (authorization !== undefined) req.header.set("authorization", authorization);
     return next(req);
   };
   const transport = createGrpcTransport({

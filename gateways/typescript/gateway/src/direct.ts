@@ -330,11 +330,12 @@ export class DirectClient {
       response.once("end", () => {
         // An event the stream ends inside of is not dispatched (as an EventSource would not).
         for (const event of sse.push(decoder.end())) if (event.event === "message") onEvent(event.data);
-        fail(new DirectFailure("the upstream's stream ended without the call's response"));
+        // Checked first: an Error (its stack trace) per call for nothing, on the common end.
+        if (!settled) fail(new DirectFailure("the upstream's stream ended without the call's response"));
       });
       response.on("error", (error) => fail(error instanceof DirectTimeout ? error : new DirectFailure(describe(error))));
       response.once("close", () => {
-        if (!response.complete) fail(new DirectFailure("the upstream closed the stream mid-answer"));
+        if (!settled && !response.complete) fail(new DirectFailure("the upstream closed the stream mid-answer"));
       });
     });
   }

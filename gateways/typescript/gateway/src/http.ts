@@ -216,7 +216,8 @@ export async function serveHttp(
         .end(JSON.stringify({ error: "unauthorized", error_description: "an Authorization: Bearer token is required" }));
       return;
     }
-    const path = new URL(req.url ?? "/", "http://gateway").pathname;
+    // The usual request line is exactly `/mcp`: no URL to parse for it.
+    const path = req.url === "/mcp" ? "/mcp" : new URL(req.url ?? "/", "http://gateway").pathname;
     if (path !== "/mcp") {
       jsonRpcError(res, 404, JSONRPC_INVALID_REQUEST, "not found: MCP is served at /mcp");
       return;
