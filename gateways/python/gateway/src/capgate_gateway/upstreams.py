@@ -91,6 +91,8 @@ class _Session:
     """The upstream's `Mcp-Session-Id`, as it named it answering the handshake (HTTP only)."""
     closed: anyio.Event = field(default_factory=anyio.Event)
     stop: anyio.Event = field(default_factory=anyio.Event)
+    direct_headers: dict[str, str] | None = None
+    """The direct path's request headers in this session, made on its first call (`_headers`)."""
 
 
 async def _ignore(_key: Key, _notification: Any) -> None:
@@ -111,6 +113,8 @@ class UpstreamPool:
         # (each request carries its own credential).
         self._http = httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=max(300.0, timeout)))
         self._ids = itertools.count(1)
+        # Each upstream URL parsed once, not on every direct call.
+        self._urls: dict[str, httpx2.URL] = {}
 
     async def call(
         self, route: ToolRoute, account_id: str, credential: str, arguments: dict[str, Any] | None
@@ -203,7 +207,10 @@ class UpstreamPool:
         request_id = f"capgate-{next(self._ids)}"
         body = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
         headers = _headers(session, credential)
-        async with self._http.stream("POST", url, content=json.dumps(body).encode(), headers=headers) as response:
+        target = self._urls.get(url)
+        if target is None:
+            target = self._urls[url] = httpx2.URL(url)
+        async with self._http.stream("POST", target, content=json.dumps(body).encode(), headers=headers) as response:
             if response.status_code == 404 and session.session_id is not None:
                 raise _SessionGone()
             if response.status_code != 200:
@@ -270,7 +277,10 @@ class UpstreamPool:
 
     async def _session(self, key: Key, transport: Transport, credential: str) -> _Session:
         fingerprint = sha256(f"{transport!r}\0{credential}".encode()).hexdigest()
-        async with self._locks.setdefault(key, anyio.Lock()):
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = anyio.Lock()
+        async with lock:
             current = self._sessions.get(key)
             if current is not None and not current.closed.is_set() and current.fingerprint == fingerprint:
                 return current
@@ -339,7 +349,10 @@ class UpstreamPool:
 
 
 def _headers(session: _Session, credential: str) -> dict[str, str]:
-    """A direct request's headers, as the SDK's client sends them in that session."""
+    """A direct request's headers, as the SDK's client sends them in that session: made once
+    per session, whose protocol version, session id and credential (its fingerprint's) do not change."""
+    if session.direct_headers is not None:
+        return session.direct_headers
     headers = {
         "Authorization": f"Bearer {credential}",
         "Content-Type": "application/json",
@@ -348,6 +361,7 @@ def _headers(session: _Session, credential: str) -> dict[str, str]:
     }
     if session.session_id is not None:
         headers["Mcp-Session-Id"] = session.session_id
+    session.direct_headers = headers
     return headers
 
 
