@@ -4,7 +4,8 @@
 
 import { readFileSync } from "node:fs";
 import { create } from "@bufbuild/protobuf";
-import { createClient, type CallOptions, type Client, type Interceptor } from "@connectrpc/connect";
+import type { DescMessage, DescMethodUnary, MessageInitShape, MessageShape } from "@bufbuild/protobuf";
+import { createClient, type Client, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import {
   DecideRequestSchema,
@@ -15,6 +16,7 @@ import {
 } from "./gen/capgate/v1/decisions_pb.js";
 import { PolicyService } from "./gen/capgate/v1/policies_pb.js";
 import { decodeError } from "./errors.js";
+import { unaryCall, type FixedHeaders } from "./unary.js";
 import {
   activateResult,
   activePolicy,
@@ -172,12 +174,23 @@ export function createCapgateClient(options: ClientOptions): CapgateClient {
     sessionManager: sessions,
     interceptors: [bearer],
   });
+  // Only the stream (WatchPolicy) goes through connect's call pipeline; the unary calls are
+  // unaryCall's, on the same connection (unary.ts says why).
   const decisions: Client<typeof DecisionService> = createClient(DecisionService, transport);
-  const policies: Client<typeof PolicyService> = createClient(PolicyService, transport);
-  const unary = (settings: CallSettings | undefined): CallOptions => ({
-    timeoutMs: settings?.timeoutMs ?? defaultTimeoutMs,
-    ...(settings?.signal && { signal: settings.signal }),
-  });
+  const fixed: FixedHeaders = {
+    "content-type": "application/grpc+proto",
+    te: "trailers",
+    "user-agent": "capgate-client-ts/0.1.0",
+    ...(authorization !== undefined && { authorization }),
+  };
+  const call = <I extends DescMessage, O extends DescMessage>(
+    method: DescMethodUnary<I, O>,
+    input: MessageInitShape<I>,
+    settings: CallSettings | undefined,
+  ): Promise<MessageShape<O>> =>
+    unaryCall(sessions, method, input, fixed, settings?.timeoutMs ?? defaultTimeoutMs, settings?.signal);
+  const decisionMethods = DecisionService.method;
+  const policyMethods = PolicyService.method;
 
   return {
     decide: (request, settings) =>
@@ -192,7 +205,7 @@ export function createCapgateClient(options: ClientOptions): CapgateClient {
           requestId: request.requestId ?? "",
           ...(request.argumentsJson !== undefined && { argumentsJson: request.argumentsJson }),
         });
-        return decideAnswer(await decisions.decide(message, unary(settings)));
+        return decideAnswer(await call(decisionMethods.decide, message, settings));
       }),
 
     listVisible: (request, settings) =>
@@ -201,7 +214,7 @@ export function createCapgateClient(options: ClientOptions): CapgateClient {
           caller: callerPb(request.caller),
           requestId: request.requestId ?? "",
         });
-        return listVisibleAnswer(await decisions.listVisible(message, unary(settings)));
+        return listVisibleAnswer(await call(decisionMethods.listVisible, message, settings));
       }),
 
     watchPolicy: (settings) => ({
@@ -217,9 +230,10 @@ export function createCapgateClient(options: ClientOptions): CapgateClient {
 
     noteDecision: (request, settings) =>
       typed(async () => {
-        await decisions.noteDecision(
+        await call(
+          decisionMethods.noteDecision,
           { decisionId: request.decisionId, kind: noteKindValue(request.kind), detail: request.detail },
-          unary(settings),
+          settings,
         );
       }),
 
@@ -227,7 +241,8 @@ export function createCapgateClient(options: ClientOptions): CapgateClient {
       publish: (request, settings) =>
         typed(async () =>
           publishResult(
-            await policies.publishPolicy(
+            await call(
+              policyMethods.publishPolicy,
               {
                 artifact: request.artifact,
                 ...(request.catalog !== undefined && { catalog: request.catalog }),
@@ -237,26 +252,27 @@ export function createCapgateClient(options: ClientOptions): CapgateClient {
                 dryRun: request.dryRun ?? false,
                 comment: request.comment ?? "",
               },
-              unary(settings),
+              settings,
             ),
           ),
         ),
-      getActive: (settings) => typed(async () => activePolicy(await policies.getActivePolicy({}, unary(settings)))),
+      getActive: (settings) => typed(async () => activePolicy(await call(policyMethods.getActivePolicy, {}, settings))),
       listVersions: (limit, settings) =>
         typed(async () =>
-          policyVersions((await policies.listPolicyVersions({ limit: limit ?? 0 }, unary(settings))).versions),
+          policyVersions((await call(policyMethods.listPolicyVersions, { limit: limit ?? 0 }, settings)).versions),
         ),
       activate: (revision, expectedActiveRevision, settings) =>
         typed(async () =>
           activateResult(
-            await policies.activatePolicy(
+            await call(
+              policyMethods.activatePolicy,
               {
                 revision: BigInt(revision),
                 ...(expectedActiveRevision !== undefined && {
                   expectedActiveRevision: BigInt(expectedActiveRevision),
                 }),
               },
-              unary(settings),
+              settings,
             ),
           ),
         ),
