@@ -97,6 +97,9 @@ interface Answer {
   readonly status: number;
   readonly contentType: string;
   readonly messages: Message[];
+  /** The Content-Length header, and the body's length in bytes. */
+  readonly contentLength: string | null;
+  readonly bytes: number;
 }
 
 const ACCEPT = "application/json, text/event-stream";
@@ -162,7 +165,7 @@ async function read(response: Response): Promise<Answer> {
   } else if (contentType === "text/event-stream") {
     messages = new SseDecoder().push(text).map((e) => JSON.parse(e.data) as Message);
   }
-  return { status: response.status, contentType, messages };
+  return { status: response.status, contentType, messages, contentLength: response.headers.get("content-length"), bytes: Buffer.byteLength(text) };
 }
 
 /** An answer with what differs from call to call by nature (decision ids, seconds left) put aside. */
@@ -281,6 +284,8 @@ describe("--call-path direct against --call-path sdk", () => {
       check(direct);
       assert.deepEqual(comparable(direct), comparable(sdk), name);
       assert.equal(direct.contentType, "application/json", `${name}: the direct path answered`);
+      // One write with its length, not a chunked body (issue 32: fewer writes per answer).
+      assert.equal(direct.contentLength, String(direct.bytes), `${name}: the direct answer has its Content-Length`);
       assert.equal(sdk.contentType, "text/event-stream", `${name}: the SDK answered`);
     }
     assert.deepEqual(callEvents(logs.direct), callEvents(logs.sdk));

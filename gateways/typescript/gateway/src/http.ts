@@ -193,7 +193,12 @@ export async function serveHttp(
     } catch (error) {
       response = { jsonrpc: "2.0", id: call.id, error: wireError(error) };
     }
-    res.writeHead(200, { "Content-Type": "application/json", "Mcp-Session-Id": sessionId }).end(JSON.stringify(response));
+    // With its length: without it, writeHead commits to a chunked body (framing for the caller
+    // to undo, and the end of the chunks written on its own).
+    const body = JSON.stringify(response);
+    res
+      .writeHead(200, { "Content-Type": "application/json", "Content-Length": Buffer.byteLength(body), "Mcp-Session-Id": sessionId })
+      .end(body);
   }
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
