@@ -318,6 +318,9 @@ fn drive<S: Store>(
             if let Some(batch) = plan.audit_batch {
                 config.audit_batch = batch as usize;
             }
+            if let Some(in_flight) = plan.audit_in_flight {
+                config.audit_in_flight = Some(in_flight as usize);
+            }
             config.policy = Some(PolicyFile {
                 artifact: policy.clone(),
                 catalog: None,

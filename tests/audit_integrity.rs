@@ -737,6 +737,7 @@ async fn isolation_through_the_writer<S: Store>(store: S, poison: fn(AuditRecord
         store.clone(),
         AuditOptions {
             batch: 512,
+            in_flight: 1,
             timeout: Duration::from_secs(5),
             spool: None,
             spool_after: Duration::from_millis(50),
@@ -812,6 +813,7 @@ async fn the_writer_isolates_what_the_store_refuses() {
         store.clone(),
         AuditOptions {
             batch: 512,
+            in_flight: 1,
             timeout: Duration::from_secs(5),
             spool: None,
             spool_after: Duration::from_millis(50),

@@ -60,6 +60,7 @@ crate::on_both_stores! {
     tools_unknown_tools_and_unauthenticated_callers,
     a_ceiling_of_l_allows_exactly_l_calls,
     concurrent_calls_never_exceed_the_ceiling,
+    commits_in_flight_overlap_and_keep_the_ceiling_exact,
     a_retried_request_id_returns_the_original_and_consumes_nothing,
     concurrent_decisions_each_get_exactly_one_audit_record,
     a_failing_counter_store_denies_capped_calls_and_allows_uncapped_ones,
@@ -89,6 +90,30 @@ struct Flaky {
     /// A batch that counts capped calls waits this long (ms) before its transaction starts.
     stall_counting_ms: Arc<AtomicU64>,
     audit_down: Arc<AtomicBool>,
+    /// Batch transactions under way now, and the most seen at once.
+    commits: Arc<Gauge>,
+}
+
+/// How many of something run now, and the most that ever did at once.
+#[derive(Default)]
+struct Gauge {
+    now: AtomicU64,
+    most: AtomicU64,
+}
+
+impl Gauge {
+    /// Counts one in until the returned guard drops.
+    fn enter(self: &Arc<Self>) -> impl Drop + Send {
+        struct Leave(Arc<Gauge>);
+        impl Drop for Leave {
+            fn drop(&mut self) {
+                self.0.now.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        Leave(self.clone())
+    }
 }
 
 /// What a switched-off `operation` fails with: what a store that went away
@@ -221,7 +246,9 @@ impl Store for Flaky {
             false => self.stall_counting_ms.load(Ordering::SeqCst),
         };
         let commit = self.inner.commit_batch(asks, records, remembered, settle, gate);
+        let gauge = self.commits.clone();
         async move {
+            let _under_way = gauge.enter();
             tokio::time::sleep(Duration::from_millis(stall)).await;
             if counters_down {
                 down(store::COUNT_USAGE)
@@ -355,6 +382,7 @@ impl Harness {
             counters_down: Arc::new(AtomicBool::new(false)),
             stall_counting_ms: Arc::new(AtomicU64::new(0)),
             audit_down: Arc::new(AtomicBool::new(false)),
+            commits: Arc::default(),
         };
         let mut config = Config::new(vec!["127.0.0.1:0".parse().unwrap()]);
         config.poll_interval = Duration::from_millis(200);
@@ -1088,6 +1116,57 @@ async fn concurrent_calls_never_exceed_the_ceiling(kind: Kind) {
     }
     assert_eq!(granted, 10);
     harness.stop().await;
+}
+
+/// With `--audit-in-flight`, batch transactions overlap (as those of separate replicas do), at
+/// most that many at once, and a ceiling stays exact across them: every call is counted in one
+/// transaction, whose counter rows it locks.
+async fn commits_in_flight_overlap_and_keep_the_ceiling_exact(kind: Kind) {
+    for in_flight in [1, 3] {
+        let harness = Harness::start(kind, |config| {
+            config.store_timeout = Duration::from_secs(5);
+            config.audit_in_flight = Some(in_flight);
+            // One capped call per transaction, so that 40 of them make 40 batches.
+            config.audit_batch = 1;
+        })
+        .await;
+        harness
+            .publish(&example_with_ceiling(10), Some(CATALOG))
+            .await
+            .unwrap();
+        // Each counted batch waits a little before its transaction, so that batches started
+        // together are under way together.
+        harness.store.stall_counting_ms.store(30, Ordering::SeqCst);
+        let tasks: Vec<_> = (0..40)
+            .map(|_| {
+                let mut client = harness.decisions();
+                tokio::spawn(async move {
+                    client
+                        .decide(for_capability(ana(), "tickets.issue.read"))
+                        .await
+                        .map(tonic::Response::into_inner)
+                })
+            })
+            .collect();
+        let mut granted = 0;
+        for task in tasks {
+            let response = task.await.unwrap().unwrap();
+            if summary(&response).1 == ReasonCode::Granted {
+                granted += 1;
+            }
+        }
+        assert_eq!(granted, 10, "{in_flight} in flight");
+        let capped = harness
+            .audit()
+            .await
+            .into_iter()
+            .filter(|record| record.capability.as_deref() == Some("tickets.issue.read"))
+            .count();
+        assert_eq!(capped, 40, "one record per call, {in_flight} in flight");
+        let most = harness.store.commits.most.load(Ordering::SeqCst);
+        assert_eq!(most, in_flight as u64, "the most transactions at once");
+        harness.stop().await;
+    }
 }
 
 async fn a_retried_request_id_returns_the_original_and_consumes_nothing(kind: Kind) {

@@ -65,6 +65,10 @@ pub struct Args {
     /// Default: the server's.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub audit_batch: Option<u32>,
+    /// The in-process server's `--audit-in-flight`: audit transactions at once. Default: the
+    /// server's.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub audit_in_flight: Option<u32>,
     /// How many times to run the whole plan; the report gives, per
     /// measurement, the median of the runs (throughput, p50, p99) and the
     /// range of their throughputs.
@@ -220,6 +224,7 @@ pub struct Plan {
     /// The server's pool and batch size, where the run sets them.
     pub store_connections: Option<u32>,
     pub audit_batch: Option<u32>,
+    pub audit_in_flight: Option<u32>,
 }
 
 impl Plan {
@@ -322,6 +327,7 @@ impl Plan {
             repeat: args.repeat,
             store_connections: args.store_connections,
             audit_batch: args.audit_batch,
+            audit_in_flight: args.audit_in_flight,
         })
     }
 }

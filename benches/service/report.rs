@@ -194,6 +194,9 @@ impl Report {
         if let Some(batch) = self.plan.audit_batch {
             let _ = writeln!(text, "audit batch: at most {batch}");
         }
+        if let Some(in_flight) = self.plan.audit_in_flight {
+            let _ = writeln!(text, "audit transactions at once: at most {in_flight}");
+        }
         let _ = writeln!(
             text,
             "each measurement: {} ms warm-up, then {} ms counted; {} principal(s) in rotation; {}",
@@ -422,6 +425,7 @@ impl Report {
             "repeat": self.plan.repeat,
             "store_connections": self.plan.store_connections,
             "audit_batch": self.plan.audit_batch,
+            "audit_in_flight": self.plan.audit_in_flight,
             "statistic": "median of the runs",
             "load_average_before": self.load_before,
             "load_average_after": self.load_after,

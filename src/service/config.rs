@@ -37,6 +37,9 @@ pub struct Config {
     pub audit_spool: Option<PathBuf>,
     /// At most this many records per audit transaction.
     pub audit_batch: usize,
+    /// At most this many audit transactions at once; `None` is the store's default
+    /// ([`Store::audit_in_flight`](crate::store::Store::audit_in_flight)).
+    pub audit_in_flight: Option<usize>,
     /// Connections in the store's pool; `None` is the store's default
     /// (PostgreSQL 8, SQLite 4).
     pub store_connections: Option<u32>,
@@ -151,6 +154,7 @@ impl Config {
             poll_interval: Duration::from_secs(2),
             audit_spool: None,
             audit_batch: 512,
+            audit_in_flight: None,
             store_connections: None,
             gateway_tokens: Vec::new(),
             asserting_gateway_tokens: Vec::new(),
@@ -223,6 +227,11 @@ impl Config {
         if self.audit_batch == 0 {
             return Err(ConfigError::Invalid(
                 "--audit-batch must be at least 1".to_owned(),
+            ));
+        }
+        if self.audit_in_flight == Some(0) {
+            return Err(ConfigError::Invalid(
+                "--audit-in-flight must be at least 1".to_owned(),
             ));
         }
         if self.store_connections == Some(0) {

@@ -7,7 +7,11 @@
 //! Requests hand their records to one writer task and wait for its
 //! acknowledgement. The task takes whatever is queued (up to a batch size),
 //! commits it in one store transaction, then acknowledges every waiter —
-//! one commit for many requests under load, no waiting when idle. A batch the
+//! one commit for many requests under load, no waiting when idle. Up to
+//! [`AuditOptions::in_flight`] such transactions run at once (`--audit-in-flight`:
+//! PostgreSQL 2, SQLite 1), so that the next batch commits while the last waits
+//! for its flush; they are to the store what the batches of separate replicas
+//! are, and a capped call is counted under its counter row's lock either way. A batch the
 //! store refuses for its values is split until the request holding the bad
 //! value is found: that request alone fails (`UNAVAILABLE`), logged with its
 //! decision ids and counted; every other one is stored.
@@ -57,8 +61,11 @@ mod spool;
 
 use std::borrow::Cow;
 use std::collections::VecDeque;
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -94,6 +101,10 @@ pub struct AuditUnavailable;
 pub struct AuditOptions {
     /// At most this many records per store transaction.
     pub batch: usize,
+    /// At most this many batch transactions at once (at least 1). More than one lets the next
+    /// batch commit while the last waits for its flush, as batches of separate replicas do; a
+    /// spool replay or stored corrections still run alone.
+    pub in_flight: usize,
     /// How long a transaction may take, its splitting included, before it is
     /// abandoned (and its batch spooled, or failed without a spool).
     pub timeout: Duration,
@@ -164,6 +175,7 @@ impl AuditWriter {
             options,
             spool,
             waiting: VecDeque::new(),
+            commits: VecDeque::new(),
             busy: None,
             failing: false,
             outage_logged: false,
@@ -236,8 +248,11 @@ struct Writer<S> {
     spool: Option<SharedSpool>,
     /// Jobs handed over and not yet in a transaction.
     waiting: VecDeque<Job>,
-    /// The one store operation under way. It runs in a task of its own, so
-    /// that jobs keep being taken (and spooled) while the store is slow.
+    /// The batch transactions under way, oldest first, at most
+    /// [`AuditOptions::in_flight`]. Each runs in a task of its own, so that
+    /// jobs keep being taken (and spooled) while the store is slow.
+    commits: VecDeque<Commit>,
+    /// A spool replay or corrections under way: only while no commit is.
     busy: Option<Busy>,
     /// The last store operation failed or did not answer in time, and none
     /// has succeeded in time since.
@@ -269,7 +284,6 @@ const MAX_LOST_ANSWERS: usize = 100_000;
 const CORRECTIONS_PER_TURN: usize = 64;
 
 enum Busy {
-    Commit(Commit),
     Replay(JoinHandle<Replayed>),
     /// Lost answers being stored; yields the ones that were not.
     Corrections(JoinHandle<Vec<LostAnswer>>),
@@ -292,7 +306,8 @@ struct Commit {
 
 /// How a store operation ended.
 enum Finished {
-    Commit(Result<Appended, JoinError>),
+    /// The commit at this index of [`Writer::commits`].
+    Commit(usize, Result<Appended, JoinError>),
     Replay(Result<Replayed, JoinError>),
     Corrections(Result<Vec<LostAnswer>, JoinError>),
 }
@@ -316,7 +331,7 @@ impl<S: Store> Writer<S> {
         let mut open = true;
         loop {
             self.start_work(open).await;
-            if !open && self.waiting.is_empty() && self.busy.is_none() {
+            if !open && self.waiting.is_empty() && self.busy.is_none() && self.commits.is_empty() {
                 if self.lost.is_empty() || self.failing {
                     break;
                 }
@@ -324,10 +339,11 @@ impl<S: Store> Writer<S> {
                 continue;
             }
             let spool_at = self.spool_at();
-            let replay_due = open && self.busy.is_none() && !self.replay_now && self.spool_pending();
+            let idle = self.busy.is_none() && self.commits.is_empty();
+            let replay_due = open && idle && !self.replay_now && self.spool_pending();
             tokio::select! {
                 biased;
-                finished = finish(&mut self.busy), if self.busy.is_some() => self.finished(finished).await,
+                finished = finish(&mut self.busy, &mut self.commits), if !idle => self.finished(finished).await,
                 // Before new jobs, so that a steady stream of them cannot hold it back.
                 () = sleep_until(spool_at), if spool_at.is_some() => self.spool_unacknowledged().await,
                 job = queue.recv(), if open => match job {
@@ -354,9 +370,11 @@ impl<S: Store> Writer<S> {
         tracing::debug!("audit writer stopped: every queued record is durable");
     }
 
-    /// Spools what waits while the store is failing, and starts a store
-    /// operation when none is under way: a commit of what waits, else the
-    /// next replay chunk when one is due at once.
+    /// Spools what waits while the store is failing, and starts store
+    /// operations: the next replay chunk or corrections when due, alone once
+    /// the commits under way have ended; otherwise commits of what waits, up
+    /// to [`AuditOptions::in_flight`] at once (one while the store is failing:
+    /// that commit is the one that tries it).
     async fn start_work(&mut self, open: bool) {
         // While the spool's replay keeps trying the store, new jobs need not:
         // they go to the spool. With nothing to replay, the next commit is
@@ -377,11 +395,25 @@ impl<S: Store> Writer<S> {
         }
         let replay =
             open && self.replay_now && (self.waiting.is_empty() || self.replay_turn) && self.spool_pending();
-        if replay {
-            self.start_replay();
-        } else if !self.failing && !self.lost.is_empty() && (self.waiting.is_empty() || self.replay_turn) {
-            self.start_corrections();
-        } else if !self.waiting.is_empty() {
+        let corrections =
+            !self.failing && !self.lost.is_empty() && (self.waiting.is_empty() || self.replay_turn);
+        if replay || corrections {
+            // Alone: no new commit starts until those under way have ended.
+            if self.commits.is_empty() {
+                if replay {
+                    self.start_replay();
+                } else {
+                    self.start_corrections();
+                }
+            }
+            return;
+        }
+        let limit = if self.failing {
+            1
+        } else {
+            self.options.in_flight.max(1)
+        };
+        while !self.waiting.is_empty() && self.commits.len() < limit {
             self.start_commit();
         }
     }
@@ -440,14 +472,14 @@ impl<S: Store> Writer<S> {
         let gate = Arc::new(CommitGate::default());
         let (store, shared, timeout) = (self.store.clone(), batch.clone(), self.options.timeout);
         let shared_gate = gate.clone();
-        self.busy = Some(Busy::Commit(Commit {
+        self.commits.push_back(Commit {
             task: tokio::spawn(async move { isolate::append(&store, &shared, timeout, &shared_gate).await }),
             batch,
             acks,
             gate,
             started: Instant::now(),
             overdue: false,
-        }));
+        });
     }
 
     fn start_replay(&mut self) {
@@ -476,23 +508,23 @@ impl<S: Store> Writer<S> {
         }
     }
 
-    /// With a spool: when the transaction under way has taken `spool_after`,
-    /// or, with none under way in time (a replay, or one past its deadline),
-    /// when the earliest waiting job has waited that long.
+    /// With a spool: when the oldest transaction under way has taken
+    /// `spool_after`, or, with none under way in time (a replay, or those
+    /// past their deadline), when the earliest waiting job has waited that long.
     fn spool_at(&self) -> Option<Instant> {
         self.spool.as_ref()?;
-        let since = match &self.busy {
-            Some(Busy::Commit(commit)) if !commit.overdue => commit.started,
-            _ => self.waiting.front()?.arrived,
+        let since = match self.commits.iter().find(|commit| !commit.overdue) {
+            Some(commit) => commit.started,
+            None => self.waiting.front()?.arrived,
         };
         Some(since + self.options.spool_after)
     }
 
     /// The store did not commit in time: everything not yet acknowledged is
-    /// spooled, and the store is failing. The transaction under way goes on.
+    /// spooled, and the store is failing. The transactions under way go on.
     async fn spool_unacknowledged(&mut self) {
         let (mut records, mut remembered, mut acks) = (Vec::new(), Vec::new(), Vec::new());
-        if let Some(Busy::Commit(commit)) = &mut self.busy {
+        for commit in &mut self.commits {
             if !commit.overdue {
                 commit.overdue = true;
                 // Abandoned, the transaction will not commit: its capped calls
@@ -527,10 +559,11 @@ impl<S: Store> Writer<S> {
             .await;
     }
 
-    /// The store operation under way ended: what it was is in `busy`.
+    /// A store operation under way ended: a commit of `commits`, or what is in `busy`.
     async fn finished(&mut self, finished: Finished) {
-        match (self.busy.take(), finished) {
-            (Some(Busy::Commit(commit)), Finished::Commit(appended)) => {
+        if let Finished::Commit(index, appended) = finished {
+            // `finish` names a commit under way, and nothing removed one since.
+            if let Some(commit) = self.commits.remove(index) {
                 let appended = appended.unwrap_or_else(|error| Appended {
                     fates: vec![Fate::Unstored; commit.batch.units()],
                     tallies: vec![None; commit.batch.units()],
@@ -538,8 +571,12 @@ impl<S: Store> Writer<S> {
                 });
                 self.committed(commit, appended).await;
             }
-            (_, Finished::Replay(replayed)) => self.replayed(replayed),
-            (_, Finished::Corrections(left)) => {
+            return;
+        }
+        self.busy = None;
+        match finished {
+            Finished::Replay(replayed) => self.replayed(replayed),
+            Finished::Corrections(left) => {
                 // A task that failed wrote what it could; the notes it held are lost with it.
                 let left = left.unwrap_or_default();
                 if !left.is_empty() {
@@ -549,8 +586,7 @@ impl<S: Store> Writer<S> {
                     self.lost = kept;
                 }
             }
-            // `finish` reports the operation in `busy`: no other commit can end.
-            (None | Some(Busy::Replay(_) | Busy::Corrections(_)), Finished::Commit(_)) => {}
+            Finished::Commit(..) => {}
         }
     }
 
@@ -809,14 +845,22 @@ impl<S: Store> Writer<S> {
     }
 }
 
-/// Waits for the store operation under way (never resolves without one).
-async fn finish(busy: &mut Option<Busy>) -> Finished {
-    match busy {
-        Some(Busy::Commit(commit)) => Finished::Commit((&mut commit.task).await),
-        Some(Busy::Replay(task)) => Finished::Replay(task.await),
-        Some(Busy::Corrections(task)) => Finished::Corrections(task.await),
-        None => std::future::pending().await,
-    }
+/// Waits for the first of the store operations under way to end (never
+/// resolves without one).
+async fn finish(busy: &mut Option<Busy>, commits: &mut VecDeque<Commit>) -> Finished {
+    std::future::poll_fn(|context| {
+        for (index, commit) in commits.iter_mut().enumerate() {
+            if let Poll::Ready(appended) = Pin::new(&mut commit.task).poll(context) {
+                return Poll::Ready(Finished::Commit(index, appended));
+            }
+        }
+        match busy {
+            Some(Busy::Replay(task)) => Pin::new(task).poll(context).map(Finished::Replay),
+            Some(Busy::Corrections(task)) => Pin::new(task).poll(context).map(Finished::Corrections),
+            None => Poll::Pending,
+        }
+    })
+    .await
 }
 
 /// Sleeps until `at` (forever without one).
