@@ -15,20 +15,26 @@ The direct path (`call_direct`, docs/decisions/0036-a-direct-path-for-tool-calls
 tools/call to a handshake-era HTTP upstream as one raw JSON-RPC POST in that session, on a
 connection the pool keeps open across calls (the SDK's client closes each SSE response before
 its end, so every call of its own opens a new connection). The SDK session still opens, holds
-and closes the upstream session; everything else goes through it.
+and closes the upstream session; everything else goes through it. That POST is aiohttp's, not
+httpx's: its C parser and leaner request path cost a fraction of httpx's per call (measured:
+docs/dependencies.md); the SDK's own sessions keep httpx.
 """
 
 from __future__ import annotations
 
+import codecs
 import itertools
 import json
 import os
+import re
+import urllib.request
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import AsyncExitStack, aclosing, suppress
 from dataclasses import dataclass, field
 from hashlib import sha256
 from typing import Any, TypeVar
 
+import aiohttp
 import anyio
 import httpx2
 import mcp_types
@@ -41,6 +47,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import methods
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
+from yarl import URL
 
 from capgate_gateway import logs
 
@@ -109,12 +116,17 @@ class UpstreamPool:
         self._sessions: dict[Key, _Session] = {}
         self._locks: dict[Key, anyio.Lock] = {}
         self._devnull = open(os.devnull, "w")  # noqa: SIM115 - the children's stderr, for the pool's life
-        # The direct path's connections, kept alive across calls, sessions and accounts
-        # (each request carries its own credential).
-        self._http = httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=max(300.0, timeout)))
+        # The direct path's connections, kept alive across calls, sessions and accounts (each
+        # request carries its own credential): no cookies kept, no redirect followed, the same
+        # timeouts as the SDK sessions' httpx clients (the pool's deadline bounds every call).
+        self._http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, connect=30.0, sock_read=max(300.0, timeout)),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
         self._ids = itertools.count(1)
-        # Each upstream URL parsed once, not on every direct call.
-        self._urls: dict[str, httpx2.URL] = {}
+        # Each upstream URL parsed once, with the proxy the environment names for it (as httpx reads
+        # it), not on every direct call.
+        self._urls: dict[str, tuple[URL, str | None]] = {}
 
     async def call(
         self, route: ToolRoute, account_id: str, credential: str, arguments: dict[str, Any] | None
@@ -187,7 +199,7 @@ class UpstreamPool:
             raise UpstreamError(f"the upstream `{upstream}` did not {what} in {self._timeout:g}s") from None
         except (
             OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, httpx2.HTTPError,
-            httpx2.StreamError,
+            httpx2.StreamError, aiohttp.ClientError,
         ) as error:
             self._discard(key, session)
             raise UpstreamError(f"the upstream `{upstream}` failed ({_cause(error)})") from None
@@ -197,7 +209,7 @@ class UpstreamPool:
             session.stop.set()
         self._sessions.clear()
         self._devnull.close()
-        await self._http.aclose()
+        await self._http.close()
 
     # ── the direct path ──────────────────────────────────────────────────────
 
@@ -207,14 +219,11 @@ class UpstreamPool:
         request_id = f"capgate-{next(self._ids)}"
         body = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
         headers = _headers(session, credential)
-        target = self._urls.get(url)
-        if target is None:
-            target = self._urls[url] = httpx2.URL(url)
-        async with self._http.stream("POST", target, content=json.dumps(body).encode(), headers=headers) as response:
-            if response.status_code == 404 and session.session_id is not None:
+        async with self._post(url, json.dumps(body).encode(), headers) as response:
+            if response.status == 404 and session.session_id is not None:
                 raise _SessionGone()
-            if response.status_code != 200:
-                raise UpstreamError(f"the upstream `{upstream}` answered HTTP {response.status_code}")
+            if response.status != 200:
+                raise UpstreamError(f"the upstream `{upstream}` answered HTTP {response.status}")
             media_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
             if media_type == "application/json":
                 answer = _json_object(await _read_bounded(response))
@@ -224,9 +233,16 @@ class UpstreamPool:
                 answer = None
         return _result(upstream, answer, request_id)
 
+    def _post(self, url: str, body: bytes, headers: dict[str, str]) -> Any:
+        """A POST on the pool's kept connections, its answer to be read in `async with`."""
+        target = self._urls.get(url)
+        if target is None:
+            target = self._urls[url] = _target(url)
+        return self._http.post(target[0], data=body, headers=headers, proxy=target[1], allow_redirects=False)
+
     async def _read_stream(
         self, upstream: str, url: str, key: Key, session: _Session, headers: dict[str, str],
-        response: httpx2.Response, request_id: str,
+        response: aiohttp.ClientResponse, request_id: str,
     ) -> dict[str, Any]:
         """The response to `request_id` from an SSE stream. What else the upstream sends on it is
         delivered (or answered) as its SDK session would; past the response the stream is read
@@ -240,7 +256,7 @@ class UpstreamPool:
             else:
                 raise UpstreamError(f"the upstream `{upstream}` ended its answer without a response")
             # Past the answer, a stream that does not end (or goes wrong) costs its connection, not the call.
-            with anyio.move_on_after(DRAIN_SECONDS), suppress(UpstreamError, httpx2.HTTPError, httpx2.StreamError):
+            with anyio.move_on_after(DRAIN_SECONDS), suppress(UpstreamError, aiohttp.ClientError):
                 async for after in events:
                     await self._on_stream_message(url, key, version, headers, after)
         return message
@@ -265,7 +281,7 @@ class UpstreamPool:
     async def _answer(self, url: str, headers: dict[str, str], request_id: Any, answer: dict[str, Any]) -> None:
         """A server-to-client request's answer, POSTed back as the SDK's client would."""
         body = json.dumps({"jsonrpc": "2.0", "id": request_id, **answer}).encode()
-        async with self._http.stream("POST", url, content=body, headers=headers) as response:
+        async with self._post(url, body, headers) as response:
             await _read_bounded(response)
 
     def _discard(self, key: Key, session: _Session | None) -> None:
@@ -365,11 +381,20 @@ def _headers(session: _Session, credential: str) -> dict[str, str]:
     return headers
 
 
-async def _read_bounded(response: httpx2.Response) -> bytes:
+def _target(url: str) -> tuple[URL, str | None]:
+    """An upstream URL, parsed, and the proxy the environment names for it (`HTTP_PROXY`,
+    `HTTPS_PROXY`, `NO_PROXY`, …: what httpx honours), or None."""
+    parsed = URL(url)
+    if parsed.host is None or urllib.request.proxy_bypass(parsed.host):
+        return parsed, None
+    return parsed, urllib.request.getproxies().get(parsed.scheme)
+
+
+async def _read_bounded(response: aiohttp.ClientResponse) -> bytes:
     """The whole body, up to MAX_MESSAGE_BYTES (above it, the upstream failed)."""
     chunks: list[bytes] = []
     size = 0
-    async for chunk in response.aiter_bytes():
+    async for chunk in response.content.iter_any():
         size += len(chunk)
         if size > MAX_MESSAGE_BYTES:
             raise UpstreamError(f"an upstream answer is over {MAX_MESSAGE_BYTES} bytes")
@@ -385,18 +410,93 @@ def _json_object(text: bytes | str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-async def _messages(response: httpx2.Response) -> AsyncGenerator[dict[str, Any], None]:
+async def _messages(response: aiohttp.ClientResponse) -> AsyncGenerator[dict[str, Any], None]:
     """The JSON-RPC messages of an SSE response (events without data, e.g. priming, are skipped)."""
-    try:
-        async for event in httpx2.EventSource(response, max_event_size=MAX_MESSAGE_BYTES):
-            if event.event not in ("", "message") or not event.data:
+    events = EventStream(MAX_MESSAGE_BYTES)
+    async for chunk in response.content.iter_any():
+        for data in events.feed(chunk):
+            yield _event_message(data)
+    for data in events.end():
+        yield _event_message(data)
+
+
+def _event_message(data: str) -> dict[str, Any]:
+    message = _json_object(data)
+    if message is None:
+        raise UpstreamError("an upstream sent an SSE event that is not a JSON-RPC message")
+    return message
+
+
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+class EventStream:
+    """Server-sent events, read as the SDK's client reads them (httpx's parser, the WHATWG rules):
+    UTF-8 text (an invalid byte is U+FFFD), lines ended by CRLF, LF or CR, `:` comments, `data`
+    lines joined by LF, an event dispatched at a blank line and dropped at the stream's end
+    without one. `feed` returns the data of each `message` event (unnamed, or named `message`)
+    that has some; an event over `limit` bytes, its unended line included, is an UpstreamError,
+    raised once the events before it have been returned."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._pending = ""
+        self._after_cr = False
+        self._name = ""
+        self._data: list[str] = []
+        self._size = 0
+        self._over = False
+
+    def feed(self, chunk: bytes) -> list[str]:
+        self._fail_if_over()
+        text = self._decoder.decode(chunk)
+        if self._after_cr and text:
+            # A CR ended the last chunk's line: an LF opening this one belongs to it.
+            text = text[1:] if text[0] == "\n" else text
+            self._after_cr = False
+        if text.endswith("\r"):
+            self._after_cr = True
+        lines = _LINE_END.split(self._pending + text)
+        self._pending = lines.pop()
+        found: list[str] = []
+        for line in lines:
+            if not line:
+                self._dispatch(found)
                 continue
-            message = _json_object(event.data)
-            if message is None:
-                raise UpstreamError("an upstream sent an SSE event that is not a JSON-RPC message")
-            yield message
-    except httpx2.SSEError:
-        raise UpstreamError(f"an upstream sent an SSE event over {MAX_MESSAGE_BYTES} bytes") from None
+            if line[0] == ":":
+                continue
+            self._size += len(line.encode())
+            if self._size > self._limit:
+                self._over = True
+                return found
+            field, _, value = line.partition(":")
+            value = value[1:] if value[:1] == " " else value
+            if field == "event":
+                self._name = value
+            elif field == "data":
+                self._data.append(value)
+        if self._pending and self._size + len(self._pending.encode()) > self._limit:
+            self._over = True
+        return found
+
+    def end(self) -> list[str]:
+        """At the stream's end: what a last CR dispatches (httpx's parser reads a CR that ends the
+        stream as a line end followed by a blank line); an event without its blank line is dropped."""
+        self._fail_if_over()
+        found: list[str] = []
+        if self._after_cr:
+            self._dispatch(found)
+        return found
+
+    def _dispatch(self, found: list[str]) -> None:
+        if self._data and self._name in ("", "message") and (data := "\n".join(self._data)):
+            found.append(data)
+        self._name, self._data, self._size = "", [], 0
+
+    def _fail_if_over(self) -> None:
+        if self._over:
+            raise UpstreamError(f"an upstream sent an SSE event over {self._limit} bytes")
 
 
 def _result(upstream: str, answer: dict[str, Any] | None, request_id: str) -> dict[str, Any]:
