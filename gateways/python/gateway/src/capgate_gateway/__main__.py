@@ -14,6 +14,7 @@ import socket
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import anyio
 import uvicorn
@@ -154,15 +155,9 @@ class _Uvicorn(uvicorn.Server):
 async def _serve_http(gateway: Gateway, listen: str, hosts: list[str], origins: list[str], call_path: str) -> None:
     host, _, port = listen.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP named: asyncio then sets TCP_NODELAY on each accepted connection (it checks the
-    # socket's proto), so an answer written in two parts (headers, body) is not held back by
-    # Nagle until the caller's delayed ACK (~40 ms per call on a kept connection).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, int(port)))
+    sock = listening_socket(host, int(port))
     bound_port = sock.getsockname()[1]
-    shown_host = f"[{host}]" if family == socket.AF_INET6 else host
+    shown_host = f"[{host}]" if sock.family == socket.AF_INET6 else host
     url = f"http://{shown_host}:{bound_port}/mcp"
     # The edge checks Host and Origin itself, with the same rules as the TypeScript gateway;
     # the SDK's own check (loopback binds only) is turned off so that there is one rule.
@@ -172,9 +167,25 @@ async def _serve_http(gateway: Gateway, listen: str, hosts: list[str], origins: 
     )
     direct = DirectPath(gateway) if call_path == "direct" else None
     edge = Edge(app, HostCheck.for_bind(host, hosts, origins), direct)
-    config = uvicorn.Config(edge, log_config=None, access_log=False, lifespan="on", log_level="warning")
-    server = _Uvicorn(config, url)
+    server = _Uvicorn(http_config(edge), url)
     await server.serve(sockets=[sock])
+
+
+def http_config(app: Any) -> uvicorn.Config:
+    """How uvicorn serves the edge (its own parser choice; no access log, the gateway's lifespan)."""
+    return uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", log_level="warning")
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The listener, bound. Every accepted connection must have TCP_NODELAY: an answer written in
+    two parts (headers, body) would otherwise wait for the caller's delayed ACK, ~40 ms per call on
+    a kept connection. asyncio sets it on each accepted connection when the listener names
+    IPPROTO_TCP (it checks the socket's proto), so it is named."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
 
 
 def main(argv: list[str] | None = None) -> None:
