@@ -1,6 +1,6 @@
-"""How `--listen` serves: with TCP_NODELAY on every accepted connection (without it, an answer
-written as headers then body waits ~40 ms for the caller's delayed ACK on a kept connection —
-docs/benchmarks.md, the direct path's section).
+"""How `--listen` serves: with httptools' parser, and with TCP_NODELAY on every accepted connection
+(without it, an answer written as headers then body waits ~40 ms for the caller's delayed ACK on a
+kept connection — docs/benchmarks.md, the direct path's section).
 
 In-process on a real socket: the gateway's own uvicorn config and listener, a trivial ASGI app, and
 a caller that keeps its connection for several requests.
@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 from capgate_gateway.__main__ import _Uvicorn, http_config, listening_socket
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -22,11 +23,11 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-async def _serve_and_inspect() -> tuple[list[int], int]:
+async def _serve_and_inspect() -> tuple[list[tuple[str, int]], int]:
     sock = listening_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
     server = _Uvicorn(http_config(_app), f"http://127.0.0.1:{port}/mcp")
-    seen: list[int] = []
+    seen: list[tuple[str, int]] = []
     answered = 0
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve, [sock])
@@ -41,13 +42,15 @@ async def _serve_and_inspect() -> tuple[list[int], int]:
                 answered += received.startswith(b"HTTP/1.1 200")
             for protocol in server.server_state.connections:
                 peer = protocol.transport.get_extra_info("socket")
-                seen.append(peer.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                seen.append((type(protocol).__name__, peer.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)))
         server.should_exit = True
     return seen, answered
 
 
-def test_listen_sets_nodelay_on_accepted_connections() -> None:
-    nodelay, answered = anyio.run(_serve_and_inspect)
+def test_listen_serves_with_httptools_and_nodelay() -> None:
+    connections, answered = anyio.run(_serve_and_inspect)
     assert answered == 3
-    assert len(nodelay) == 1, nodelay
-    assert nodelay[0] != 0, "an accepted connection without TCP_NODELAY"
+    assert len(connections) == 1, connections
+    protocol, nodelay = connections[0]
+    assert protocol == HttpToolsProtocol.__name__
+    assert nodelay != 0, "an accepted connection without TCP_NODELAY"

@@ -172,8 +172,10 @@ async def _serve_http(gateway: Gateway, listen: str, hosts: list[str], origins: 
 
 
 def http_config(app: Any) -> uvicorn.Config:
-    """How uvicorn serves the edge (its own parser choice; no access log, the gateway's lifespan)."""
-    return uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", log_level="warning")
+    """How uvicorn serves the edge: httptools' HTTP/1.1 parser (llhttp, in C), named rather than left
+    to uvicorn's `auto` (which falls back to h11, in Python, when httptools is missing); no access
+    log; the gateway's lifespan."""
+    return uvicorn.Config(app, http="httptools", log_config=None, access_log=False, lifespan="on", log_level="warning")
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
