@@ -319,7 +319,7 @@ fn drive<S: Store>(
                 config.audit_batch = batch as usize;
             }
             if let Some(in_flight) = plan.audit_in_flight {
-                config.audit_in_flight = Some(in_flight as usize);
+                config.audit_in_flight = in_flight as usize;
             }
             config.policy = Some(PolicyFile {
                 artifact: policy.clone(),

@@ -1125,7 +1125,7 @@ async fn commits_in_flight_overlap_and_keep_the_ceiling_exact(kind: Kind) {
     for in_flight in [1, 3] {
         let harness = Harness::start(kind, |config| {
             config.store_timeout = Duration::from_secs(5);
-            config.audit_in_flight = Some(in_flight);
+            config.audit_in_flight = in_flight;
             // One capped call per transaction, so that 40 of them make 40 batches.
             config.audit_batch = 1;
         })

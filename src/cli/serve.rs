@@ -108,16 +108,16 @@ pub struct Args {
     )]
     pub audit_batch: usize,
     /// At most this many audit transactions at once: the next batch commits while the last
-    /// waits for its flush. Each holds a store connection while it runs. Default: 2 for
-    /// PostgreSQL, 1 for SQLite (one writer at a time).
+    /// waits for its flush. Each holds a store connection while it runs.
     #[arg(
         long,
         value_name = "N",
+        default_value_t = 1,
         env = "CAPGATE_AUDIT_IN_FLIGHT",
         hide_env_values = true,
         value_parser = clap::value_parser!(u16).range(1..=64)
     )]
-    pub audit_in_flight: Option<u16>,
+    pub audit_in_flight: u16,
     /// Connections in the store's pool. Default: 8 for PostgreSQL, 4 for SQLite.
     #[arg(
         long,
@@ -388,7 +388,7 @@ fn config(args: &Args, policy: Option<PolicyFile>) -> Result<Config, Failure> {
     config.audit_timeout = args.audit_timeout;
     config.audit_spool = args.audit_spool.clone();
     config.audit_batch = args.audit_batch;
-    config.audit_in_flight = args.audit_in_flight.map(usize::from);
+    config.audit_in_flight = usize::from(args.audit_in_flight);
     config.store_connections = args.store_connections;
     config.connections = Connections {
         handshake_timeout: args.handshake_timeout,

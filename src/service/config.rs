@@ -37,9 +37,8 @@ pub struct Config {
     pub audit_spool: Option<PathBuf>,
     /// At most this many records per audit transaction.
     pub audit_batch: usize,
-    /// At most this many audit transactions at once; `None` is the store's default
-    /// ([`Store::audit_in_flight`](crate::store::Store::audit_in_flight)).
-    pub audit_in_flight: Option<usize>,
+    /// At most this many audit transactions at once.
+    pub audit_in_flight: usize,
     /// Connections in the store's pool; `None` is the store's default
     /// (PostgreSQL 8, SQLite 4).
     pub store_connections: Option<u32>,
@@ -154,7 +153,7 @@ impl Config {
             poll_interval: Duration::from_secs(2),
             audit_spool: None,
             audit_batch: 512,
-            audit_in_flight: None,
+            audit_in_flight: 1,
             store_connections: None,
             gateway_tokens: Vec::new(),
             asserting_gateway_tokens: Vec::new(),
@@ -229,7 +228,7 @@ impl Config {
                 "--audit-batch must be at least 1".to_owned(),
             ));
         }
-        if self.audit_in_flight == Some(0) {
+        if self.audit_in_flight == 0 {
             return Err(ConfigError::Invalid(
                 "--audit-in-flight must be at least 1".to_owned(),
             ));

@@ -266,7 +266,7 @@ pub async fn start<S: Store>(store: S, config: Config) -> Result<Running, StartE
         store.clone(),
         AuditOptions {
             batch: config.audit_batch,
-            in_flight: config.audit_in_flight.unwrap_or_else(|| store.audit_in_flight()),
+            in_flight: config.audit_in_flight,
             timeout: config.audit_timeout,
             spool: config.audit_spool.clone(),
             // A decision waits for the audit store as long as for its counters.

@@ -945,14 +945,6 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Applies the migrations in `migrations/<dialect>/`.
     fn migrate(&self) -> impl Future<Output = StoreResult<()>> + Send;
 
-    /// How many audit transactions a server runs at once unless told (`--audit-in-flight`):
-    /// one where the store takes one writer at a time anyway (SQLite), more where a second
-    /// transaction can commit while the first waits for its flush (PostgreSQL). Measured in
-    /// docs/benchmarks.md, "Audit transactions in flight".
-    fn audit_in_flight(&self) -> usize {
-        1
-    }
-
     // ── Policy versions ───────────────────────────────────────────────────
 
     fn active_policy(&self) -> impl Future<Output = StoreResult<Option<StoredPolicy>>> + Send;
@@ -1230,10 +1222,6 @@ pub use with_store;
 impl Store for AnyStore {
     async fn migrate(&self) -> StoreResult<()> {
         with_store!(self, store => store.migrate().await)
-    }
-
-    fn audit_in_flight(&self) -> usize {
-        with_store!(self, store => store.audit_in_flight())
     }
 
     async fn active_policy(&self) -> StoreResult<Option<StoredPolicy>> {

@@ -436,10 +436,6 @@ async fn lock_active(connection: &mut PgConnection, persistent: bool) -> Result<
 }
 
 impl Store for PostgresStore {
-    fn audit_in_flight(&self) -> usize {
-        2
-    }
-
     async fn migrate(&self) -> StoreResult<()> {
         if self.pooling == Pooling::Transaction {
             return self.check_schema().await;

@@ -8,9 +8,9 @@
 //! acknowledgement. The task takes whatever is queued (up to a batch size),
 //! commits it in one store transaction, then acknowledges every waiter —
 //! one commit for many requests under load, no waiting when idle. Up to
-//! [`AuditOptions::in_flight`] such transactions run at once (`--audit-in-flight`:
-//! PostgreSQL 2, SQLite 1), so that the next batch commits while the last waits
-//! for its flush; they are to the store what the batches of separate replicas
+//! [`AuditOptions::in_flight`] such transactions run at once (`--audit-in-flight`,
+//! 1 by default), so that the next batch can commit while the last waits for
+//! its flush; they are to the store what the batches of separate replicas
 //! are, and a capped call is counted under its counter row's lock either way. A batch the
 //! store refuses for its values is split until the request holding the bad
 //! value is found: that request alone fails (`UNAVAILABLE`), logged with its
