@@ -561,22 +561,24 @@ impl<S: Store> Writer<S> {
 
     /// A store operation under way ended: a commit of `commits`, or what is in `busy`.
     async fn finished(&mut self, finished: Finished) {
-        if let Finished::Commit(index, appended) = finished {
-            // `finish` names a commit under way, and nothing removed one since.
-            if let Some(commit) = self.commits.remove(index) {
-                let appended = appended.unwrap_or_else(|error| Appended {
-                    fates: vec![Fate::Unstored; commit.batch.units()],
-                    tallies: vec![None; commit.batch.units()],
-                    failure: Some(format!("the audit commit task failed: {error}")),
-                });
-                self.committed(commit, appended).await;
-            }
-            return;
-        }
-        self.busy = None;
         match finished {
-            Finished::Replay(replayed) => self.replayed(replayed),
+            Finished::Commit(index, appended) => {
+                // `finish` names a commit under way, and nothing removed one since.
+                if let Some(commit) = self.commits.remove(index) {
+                    let appended = appended.unwrap_or_else(|error| Appended {
+                        fates: vec![Fate::Unstored; commit.batch.units()],
+                        tallies: vec![None; commit.batch.units()],
+                        failure: Some(format!("the audit commit task failed: {error}")),
+                    });
+                    self.committed(commit, appended).await;
+                }
+            }
+            Finished::Replay(replayed) => {
+                self.busy = None;
+                self.replayed(replayed);
+            }
             Finished::Corrections(left) => {
+                self.busy = None;
                 // A task that failed wrote what it could; the notes it held are lost with it.
                 let left = left.unwrap_or_default();
                 if !left.is_empty() {
@@ -586,7 +588,6 @@ impl<S: Store> Writer<S> {
                     self.lost = kept;
                 }
             }
-            Finished::Commit(..) => {}
         }
     }
 
