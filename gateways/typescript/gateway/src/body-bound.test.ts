@@ -1,10 +1,10 @@
 //! The bound on an inbound request body (`MAX_BODY_BYTES` in src/http.ts, 4 MiB, the same as
 //! the Python gateway's), against the real HTTP edge on a loopback port: a body over it is
 //! HTTP 413 with a JSON-RPC error body, with a Content-Length or chunked alike, answered
-//! without waiting for the rest of a larger body, and the gateway answers the next request (on
-//! the same connection where the 413 kept it alive); a body of exactly 4 MiB is read whole. The
-//! bound is enforced before capgate is asked anything, so capgate and the upstreams are stubs
-//! that would throw if used.
+//! without waiting for the rest of a larger body, and with `Connection: close` (the rest of the
+//! body is left unread), so that a pooled client's next request goes on a new connection and is
+//! answered; a body of exactly 4 MiB is read whole. The bound is enforced before capgate is
+//! asked anything, so capgate and the upstreams are stubs that would throw if used.
 
 import { strict as assert } from "node:assert";
 import { Agent, request, type IncomingHttpHeaders } from "node:http";
@@ -148,6 +148,17 @@ describe("the inbound body bound, over loopback HTTP", () => {
       assert.equal(answer.status, 400, answer.text);
       assert.deepEqual(jsonRpcError(answer), { code: -32000, message: "Bad Request: no Mcp-Session-Id, and not an initialize request" });
       await assertAnswersNext(http.url, agent, answer);
+    });
+  }
+
+  for (const framing of ["content-length", "chunked"] as const) {
+    test(`${framing}: a body 1 MiB over the bound, sent whole, is 413 and a pooled connection's next request is answered`, LIMIT, async () => {
+      // The 413 comes before the rest of the body is read: a connection kept alive after it would
+      // be left mid-body, and the client's next request on it reset or stalled.
+      const agent = connection();
+      const refused = await post(http.url, agent, paddedRequest(BOUND + 1024 * 1024), framing);
+      assertRefused(refused);
+      await assertAnswersNext(http.url, agent, refused);
     });
   }
 

@@ -234,6 +234,9 @@ export async function serveHttp(
     if (req.method === "POST") {
       const text = await readBody(req);
       if (text === undefined) {
+        // The rest of the body is left unread, so the connection cannot carry another request:
+        // kept alive, the client's next request on it would be read as body, reset or stalled.
+        res.setHeader("Connection", "close");
         jsonRpcError(res, 413, JSONRPC_INVALID_REQUEST, "the request body is over 4 MiB");
         return;
       }
