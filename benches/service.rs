@@ -29,7 +29,8 @@
 //! of the runs per measurement, with the range of their throughputs; each
 //! concurrency ends with the comparisons issue 14 sets targets for (capped ÷
 //! uncapped, capped-hot ÷ uncapped, capped-hot ÷ hot-row). `--svg FILE` also
-//! writes a plot of throughput and p99 against callers.
+//! writes a plot of throughput and p99 against callers, `--json-file FILE` the JSON document
+//! beside the table.
 //!
 //! Scenarios: `uncapped` (an uncapped grant: audit only), `capped` (a grant
 //! with a ceiling no run can exhaust, spread over `--principals` principals:
@@ -154,6 +155,14 @@ fn measure(arguments: Vec<OsString>) -> ExitCode {
                     )));
                 }
                 progress(&format!("plot written to {}", path.display()));
+            }
+            if let Some(path) = &args.json_file {
+                if let Err(error) = std::fs::write(path, report.json()) {
+                    return fail(&Failure::Input(format!(
+                        "cannot write the JSON document to `{}`: {error}",
+                        path.display()
+                    )));
+                }
             }
             let text = if args.json { report.json() } else { report.table() };
             // A reader that went away (`… | head`) is not an error of the bench's.

@@ -81,6 +81,9 @@ pub struct Args {
     /// Print the JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Also write the JSON document to this file (the table still goes to standard output).
+    #[arg(long, value_name = "FILE")]
+    pub json_file: Option<PathBuf>,
     /// Passed by `cargo bench` to every `harness = false` bench: it is what tells a measurement
     /// (`cargo bench`) from the smoke run (`cargo test --benches`), and is otherwise ignored.
     #[arg(long, hide = true)]
