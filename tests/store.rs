@@ -120,6 +120,7 @@ suite! {
         audit_records_round_trip,
         audit_queries_filter,
         appending_again_changes_nothing,
+        a_large_batch_round_trips_in_order,
         remembered_responses_round_trip,
         a_request_id_is_claimed_once,
         the_request_key_is_drawn_once,
@@ -1300,6 +1301,80 @@ async fn audit_queries_filter<S: Store>(store: S) {
         .await,
         ["d7"]
     );
+}
+
+/// A batch of 101 records, each field varied (a batch larger than any statement would hold if an
+/// append were split into multi-row statements), with a replayed duplicate among them: every
+/// record comes back whole, in order, and the duplicate changes nothing.
+async fn a_large_batch_round_trips_in_order<S: Store>(store: S) {
+    let records: Vec<AuditRecord> = (0..101_u32)
+        .map(|n| {
+            let listing = n % 3 == 0;
+            AuditRecord {
+                decision_id: format!("0190a000-0000-7000-8000-{n:012}"),
+                at_ms: 1_700_000_000_000 + i64::from(n),
+                request_id: (n % 2 == 0).then(|| format!("req-{n}")),
+                gateway: format!("edge-{}", n % 4),
+                kind: if listing {
+                    RecordKind::List
+                } else {
+                    RecordKind::Decide
+                },
+                outcome: if n % 5 == 0 {
+                    RecordOutcome::Deny
+                } else {
+                    RecordOutcome::Allow
+                },
+                code: Some(RecordCode::Reason(if n % 5 == 0 {
+                    ReasonCode::NoGrantMatches
+                } else {
+                    ReasonCode::Granted
+                })),
+                path: Some(format!("/grants/{n}")),
+                principal_id: Some(format!("staff:p{n}")),
+                issuer: Some(format!("https://id{}.example", n % 3)),
+                subject: Some(format!("s{n}")),
+                capability: (!listing).then(|| format!("cap.{n}")),
+                tool: (!listing).then(|| format!("tool__{n}")),
+                account_id: Some(format!("acct-{}", n % 7)),
+                limit_calls: (n % 2 == 1).then_some(u64::from(n) * 10),
+                limit_per: (n % 2 == 1).then(|| "1h".to_owned()),
+                usage_calls: (n % 2 == 1).then_some(u64::from(n)),
+                policy_version: Some(format!("sha256:{n:064x}")),
+                policy_revision: Some(u64::from(n) + 1),
+                visible_count: listing.then_some(2),
+                visible: if listing {
+                    vec![format!("cap.{n}"), "docs.read".to_owned()]
+                } else {
+                    Vec::new()
+                },
+                door: if n % 2 == 0 {
+                    Door::ExtAuthz
+                } else {
+                    Door::default()
+                },
+                first_decision_id: None,
+                arguments_digest: (n % 4 == 1).then(|| format!("sha256:{:064x}", n + 7)),
+                arguments: (n % 4 == 1).then(|| format!(r#"{{"amount":{n}}}"#)),
+                arguments_omitted: (n % 8 == 1).then_some(u64::from(n)),
+                attributes: Some(format!(r#"{{"n":{n}}}"#)),
+                shadow: None,
+            }
+        })
+        .collect();
+    // A spool's replay of record 5, altered, in the second statement's rows: the stored one stays.
+    let mut batch = records.clone();
+    batch.insert(
+        80,
+        AuditRecord {
+            outcome: RecordOutcome::Deny,
+            ..records[5].clone()
+        },
+    );
+    store.append_audit(&batch, &[]).await.expect("append");
+    let mut expected = records;
+    expected.reverse();
+    assert_eq!(store.query_audit(&all(1_000)).await.expect("query"), expected);
 }
 
 async fn appending_again_changes_nothing<S: Store>(store: S) {
