@@ -19,17 +19,15 @@ _HANDLER: logging.StreamHandler[Any] | None = None
 """The stderr handler `configure` installed: `event` writes its lines to its stream."""
 
 
-def _timestamp(created: float) -> str:
-    return datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def _head(created: float, level: str, logger: str) -> dict[str, Any]:
+    """What every line begins with: its time (UTC, milliseconds), level and logger."""
+    ts = datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return {"ts": ts, "level": level.lower(), "logger": logger}
 
 
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, Any] = {
-            "ts": _timestamp(record.created),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-        }
+        line = _head(record.created, record.levelname, record.name)
         fields = getattr(record, "fields", None)
         if fields:
             line.update(fields)
@@ -61,8 +59,7 @@ def event(name: str, level: int = logging.INFO, **fields: Any) -> None:
         return
     if not _LOGGER.isEnabledFor(level):
         return
-    line = {"ts": _timestamp(time.time()), "level": logging.getLevelName(level).lower(), "logger": _LOGGER.name,
-            "event": name, **fields}
+    line = {**_head(time.time(), logging.getLevelName(level), _LOGGER.name), "event": name, **fields}
     text = json.dumps(line, default=str) + "\n"
     with handler.lock:  # type: ignore[union-attr] - a StreamHandler has one
         try:
