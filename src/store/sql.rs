@@ -404,8 +404,9 @@ fn split_visible(text: &str) -> Vec<String> {
     text.split(' ').map(str::to_owned).collect()
 }
 
-/// The columns of `audit_log`, in the order of [`AuditRow`].
-const AUDIT_COLUMNS: &str = "decision_id, at, request_id, gateway, kind, outcome, code, path, \
+/// The columns of `audit_log`, in the order of [`AuditRow`]; SQLite's `insert_audit` binds a
+/// record's values in this order too.
+pub(super) const AUDIT_COLUMNS: &str = "decision_id, at, request_id, gateway, kind, outcome, code, path, \
      principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, usage_calls, \
      policy_version, policy_revision, visible_count, visible, door, first_decision_id, arguments_digest, \
      arguments, arguments_omitted, attributes";

@@ -43,7 +43,7 @@ use super::retention::{self, Period};
 use super::sql::{
     self, ActivatePlan, ActivationRow, AuditIntegers, AuditRow, CounterRow, During, NoteRow, PolicyRow,
     PublishPlan, RememberedRow, ResetRow, ShadowColumns, ShadowCountRow, ShadowPolicyRow, ShadowRow,
-    StoredCounterRow,
+    StoredCounterRow, AUDIT_COLUMNS,
 };
 use super::{
     ActivateOutcome, Activation, ActivationKind, Actor, AuditFilter, AuditGroup, AuditRecord, Claim,
@@ -213,82 +213,77 @@ async fn insert_audit(
         .iter()
         .map(AuditIntegers::of)
         .collect::<StoreResult<Vec<_>>>()?;
-    // One prepared statement per table, executed once per row inside one
-    // transaction: SQLite runs in-process, so a row costs no round trip,
-    // and the transaction makes the batch durable with one sync.
-    for (record, integers) in records.iter().zip(integers) {
-        // Destructured so that a new field of `AuditRecord` fails to
-        // compile here until it has a column.
-        let AuditRecord {
-            decision_id,
-            at_ms,
-            request_id,
-            gateway,
-            kind,
-            outcome,
-            code,
-            path,
-            principal_id,
-            issuer,
-            subject,
-            capability,
-            tool,
-            account_id,
-            limit_calls: _,
-            limit_per,
-            usage_calls: _,
-            policy_version,
-            policy_revision: _,
-            visible_count: _,
-            visible,
-            door,
-            first_decision_id,
-            arguments_digest,
-            arguments,
-            arguments_omitted: _,
-            attributes,
-            // Its own table's row: `insert_shadow_differences`.
-            shadow: _,
-        } = record;
-        sqlx::query(
-            "INSERT INTO audit_log (decision_id, at, request_id, gateway, kind, outcome, code, path, \
-                 principal_id, issuer, subject, capability, tool, account_id, limit_calls, limit_per, \
-                 usage_calls, policy_version, policy_revision, visible_count, visible, door, \
-                 first_decision_id, arguments_digest, arguments, arguments_omitted, attributes) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-                 $18, $19, $20, $21, $22, $23, $24, $25, $26, $27) \
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(decision_id)
-        .bind(at_ms)
-        .bind(request_id)
-        .bind(gateway)
-        .bind(kind.as_str())
-        .bind(outcome.as_str())
-        .bind(code.map(RecordCode::as_str))
-        .bind(path)
-        .bind(principal_id)
-        .bind(issuer)
-        .bind(subject)
-        .bind(capability)
-        .bind(tool)
-        .bind(account_id)
-        .bind(integers.limit_calls)
-        .bind(limit_per)
-        .bind(integers.usage_calls)
-        .bind(policy_version)
-        .bind(integers.policy_revision)
-        .bind(integers.visible_count)
-        .bind(sql::join_visible(visible))
-        .bind(door.as_str())
-        .bind(first_decision_id)
-        .bind(arguments_digest)
-        .bind(arguments)
-        .bind(integers.arguments_omitted)
-        .bind(attributes)
-        .execute(&mut *tx)
-        .await
-        .during(operation)?;
+    // Several rows per statement, inside one transaction: SQLite runs in-process, but sqlx runs
+    // each statement on the connection's own thread, so a statement is a hand-off between threads
+    // each way, and one per row was most of an append (docs/benchmarks.md, "SQLite's append
+    // ceiling"); the transaction makes the batch durable with one sync.
+    let mut integers = integers.into_iter();
+    for chunk in chunks(records) {
+        let mut query = sqlx::query(insert_audit_rows(chunk.len()));
+        for (record, integers) in chunk.iter().zip(integers.by_ref()) {
+            // Destructured so that a new field of `AuditRecord` fails to
+            // compile here until it has a column.
+            let AuditRecord {
+                decision_id,
+                at_ms,
+                request_id,
+                gateway,
+                kind,
+                outcome,
+                code,
+                path,
+                principal_id,
+                issuer,
+                subject,
+                capability,
+                tool,
+                account_id,
+                limit_calls: _,
+                limit_per,
+                usage_calls: _,
+                policy_version,
+                policy_revision: _,
+                visible_count: _,
+                visible,
+                door,
+                first_decision_id,
+                arguments_digest,
+                arguments,
+                arguments_omitted: _,
+                attributes,
+                // Its own table's row: `insert_shadow_differences`.
+                shadow: _,
+            } = record;
+            query = query
+                .bind(decision_id)
+                .bind(at_ms)
+                .bind(request_id)
+                .bind(gateway)
+                .bind(kind.as_str())
+                .bind(outcome.as_str())
+                .bind(code.map(RecordCode::as_str))
+                .bind(path)
+                .bind(principal_id)
+                .bind(issuer)
+                .bind(subject)
+                .bind(capability)
+                .bind(tool)
+                .bind(account_id)
+                .bind(integers.limit_calls)
+                .bind(limit_per)
+                .bind(integers.usage_calls)
+                .bind(policy_version)
+                .bind(integers.policy_revision)
+                .bind(integers.visible_count)
+                .bind(sql::join_visible(visible))
+                .bind(door.as_str())
+                .bind(first_decision_id)
+                .bind(arguments_digest)
+                .bind(arguments)
+                .bind(integers.arguments_omitted)
+                .bind(attributes);
+        }
+        query.execute(&mut *tx).await.during(operation)?;
     }
     insert_shadow_differences(tx, records, operation).await?;
     for (gateway, request_id, answer) in remembered {
@@ -369,6 +364,27 @@ fn read_counters(keys: usize) -> AssertSqlSafe<String> {
     ))
 }
 
+/// The statement that appends `rows` audit records (`rows` a size [`chunks`] makes), bound in
+/// [`AUDIT_COLUMNS`]' order (the order `insert_audit` binds them in), row after row. Built once per size: at 64 rows, 1,728
+/// placeholders. They are anonymous (`?`), not numbered: sqlx asks SQLite each numbered
+/// parameter's name, which SQLite finds by walking a list of them all, so binding `$1 … $1728`
+/// took time in the square of their count and made this statement slower than one per row.
+fn insert_audit_rows(rows: usize) -> &'static str {
+    static STATEMENTS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+        (0..=COUNTER_CHUNK.ilog2())
+            .map(|power| {
+                // INVARIANT: the text is fixed but for anonymous placeholders; every value is bound.
+                format!(
+                    "INSERT INTO audit_log ({AUDIT_COLUMNS}) VALUES {} ON CONFLICT DO NOTHING",
+                    anonymous_placeholders(1 << power, AUDIT_COLUMNS.split(',').count())
+                )
+            })
+            .collect()
+    });
+    debug_assert!(rows.is_power_of_two() && rows <= COUNTER_CHUNK, "{rows} rows");
+    &STATEMENTS[rows.ilog2() as usize]
+}
+
 /// The statement that writes `keys` counters back, bound as `$1, $2, …` in fours (principal,
 /// capability, window start, calls).
 fn write_counters(keys: usize) -> AssertSqlSafe<String> {
@@ -381,8 +397,8 @@ fn write_counters(keys: usize) -> AssertSqlSafe<String> {
     ))
 }
 
-/// The most counters one statement reads or writes: 64 keys are 256 parameters at most, far
-/// below SQLite's limit (32 766).
+/// The most counters one statement reads or writes, and the most audit rows one statement
+/// appends: 64 keys are 256 parameters, 64 rows 1,728, below SQLite's limit (32 766).
 const COUNTER_CHUNK: usize = 64;
 
 /// `items` in chunks whose sizes are powers of two up to [`COUNTER_CHUNK`]: 37 keys go as 32, 4
@@ -411,6 +427,12 @@ fn placeholders(rows: usize, columns: usize) -> String {
         })
         .collect();
     tuples.join(", ")
+}
+
+/// `rows` tuples of `columns` anonymous parameters: `(?, ?), (?, ?)`, bound in order.
+fn anonymous_placeholders(rows: usize, columns: usize) -> String {
+    let tuple = format!("({})", vec!["?"; columns].join(", "));
+    vec![tuple; rows].join(", ")
 }
 
 /// Whether SQLite refused the values it was sent, rather than failed: a
