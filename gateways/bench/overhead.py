@@ -200,10 +200,15 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--call-paths", default="sdk,direct",
                         help="the gateways' --call-path values to measure, in this order (default: sdk,direct)")
+    parser.add_argument("--gateways", default="python,typescript",
+                        help="the gateways to measure, in this order (default: python,typescript)")
     args = parser.parse_args()
     call_paths = [p for p in args.call_paths.split(",") if p]
     if not call_paths or any(p not in ("sdk", "direct") for p in call_paths):
         parser.error("--call-paths lists sdk and/or direct")
+    kinds = [GatewayKind(g) for g in args.gateways.split(",") if g]
+    if not kinds or any(k.name not in ("python", "typescript") for k in kinds):
+        parser.error("--gateways lists python and/or typescript")
     for needed in (NODE22, EVERYTHING, capgate_bin()):
         if not needed.exists():
             sys.exit(f"bench: {needed} is missing (gateways/bench/run.sh installs and builds what it needs)")
@@ -245,7 +250,7 @@ def main() -> None:
             instructions: dict[str, float] = {}
             # Each gateway with each call path, one after the other in the same run: the SDK path
             # (both MCP SDK stacks per call) is the baseline the direct path is compared with.
-            for kind in (GatewayKind("python"), GatewayKind("typescript")):
+            for kind in kinds:
                 for call_path in call_paths:
                     gateway = start_http_gateway(kind, capgate.url, world.gateway_token_file, env,
                                                  directory / f"{kind.name}-{call_path}-gateway.stderr",
