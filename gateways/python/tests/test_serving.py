@@ -23,11 +23,11 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-async def _serve_and_inspect() -> tuple[list[tuple[str, int]], int]:
+async def _serve_and_inspect() -> tuple[list[tuple[type, int]], int]:
     sock = listening_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
     server = _Uvicorn(http_config(_app), f"http://127.0.0.1:{port}/mcp")
-    seen: list[tuple[str, int]] = []
+    seen: list[tuple[type, int]] = []
     answered = 0
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve, [sock])
@@ -42,7 +42,7 @@ async def _serve_and_inspect() -> tuple[list[tuple[str, int]], int]:
                 answered += received.startswith(b"HTTP/1.1 200")
             for protocol in server.server_state.connections:
                 peer = protocol.transport.get_extra_info("socket")
-                seen.append((type(protocol).__name__, peer.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)))
+                seen.append((type(protocol), peer.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)))
         server.should_exit = True
     return seen, answered
 
@@ -52,5 +52,5 @@ def test_listen_serves_with_httptools_and_nodelay() -> None:
     assert answered == 3
     assert len(connections) == 1, connections
     protocol, nodelay = connections[0]
-    assert protocol == HttpToolsProtocol.__name__
+    assert issubclass(protocol, HttpToolsProtocol), protocol
     assert nodelay != 0, "an accepted connection without TCP_NODELAY"

@@ -26,6 +26,7 @@ from capgate_gateway import logs
 from capgate_gateway.direct import DirectPath
 from capgate_gateway.edge import Edge, HostCheck
 from capgate_gateway.gateway import Gateway, StdioCaller
+from capgate_gateway.http1 import OneWriteProtocol
 from capgate_gateway.relay import Fanout, RelayConfigError, RelayedUpstream, load_config
 from capgate_gateway.secrets import SecretResolver
 from capgate_gateway.upstreams import DEFAULT_TIMEOUT_SECONDS, UpstreamPool
@@ -173,9 +174,12 @@ async def _serve_http(gateway: Gateway, listen: str, hosts: list[str], origins: 
 
 def http_config(app: Any) -> uvicorn.Config:
     """How uvicorn serves the edge: httptools' HTTP/1.1 parser (llhttp, in C), named rather than left
-    to uvicorn's `auto` (which falls back to h11, in Python, when httptools is missing); no access
-    log; the gateway's lifespan."""
-    return uvicorn.Config(app, http="httptools", log_config=None, access_log=False, lifespan="on", log_level="warning")
+    to uvicorn's `auto` (which falls back to h11, in Python, when httptools is missing), in a protocol
+    that writes a response of known length in one piece (http1.py); no access log; the gateway's
+    lifespan."""
+    return uvicorn.Config(
+        app, http=OneWriteProtocol, log_config=None, access_log=False, lifespan="on", log_level="warning"
+    )
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
