@@ -140,3 +140,42 @@ def test_the_post_reads_json_and_sse_answers_and_fails_on_the_rest(monkeypatch: 
     assert isinstance(got["big"], UpstreamError) and "over 200 bytes" in str(got["big"])
     assert isinstance(got["gone"], _SessionGone)
     assert isinstance(got["broken"], UpstreamError) and "answered HTTP 500" in str(got["broken"])
+
+
+# ── which session a call gets ────────────────────────────────────────────────
+
+
+class _Opener:
+    """Stands in for the pool's task group: each session it is asked to open is a new one."""
+
+    def __init__(self) -> None:
+        self.opened: list[_Session] = []
+
+    async def start(self, _run: Any, key: Any, transport: Any, credential: str, fingerprint: str) -> _Session:
+        session = _Session(SimpleNamespace(protocol_version="2025-11-25"), fingerprint)
+        self.opened.append(session)
+        return session
+
+
+async def _sessions() -> tuple[list[_Session], list[_Session]]:
+    async with anyio.create_task_group() as tg:
+        pool = UpstreamPool(tg)
+        opener = pool._tg = _Opener()  # noqa: SLF001
+        transport = upstreams.HttpTransport("http://127.0.0.1:1/mcp")
+        key = ("up", "acct")
+        try:
+            got = [await pool._session(key, transport, "token-1") for _ in range(2)]  # noqa: SLF001
+            got.append(await pool._session(key, transport, "token-2"))  # noqa: SLF001 - a refreshed credential
+            got[-1].closed.set()  # the upstream went away
+            got.append(await pool._session(key, transport, "token-2"))  # noqa: SLF001
+        finally:
+            await pool.aclose()
+    return got, opener.opened
+
+
+def test_a_live_session_is_reused_and_replaced_on_a_new_credential_or_once_closed() -> None:
+    got, opened = anyio.run(_sessions)
+    assert got[0] is got[1], "a live session of the same credential is the one reused"
+    assert got[2] is not got[0] and got[0].stop.is_set(), "another credential opens a new session, the old one stopped"
+    assert got[3] is not got[2], "a closed session is replaced"
+    assert opened == [got[0], got[2], got[3]]

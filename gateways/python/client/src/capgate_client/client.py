@@ -49,7 +49,8 @@ class CapgateClient:
             if ca_file is not None:
                 raise ValueError("a CA file needs an https:// capgate address")
             self._channel = grpc.aio.insecure_channel(target)
-        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        # Built once as grpc's own type: a tuple would be converted to it again on every call.
+        self._metadata = grpc.aio.Metadata(("authorization", f"Bearer {token}")) if token else grpc.aio.Metadata()
         self._timeout = timeout
         self._decisions = decisions_grpc.DecisionServiceStub(self._channel)
         self._policies = policies_grpc.PolicyServiceStub(self._channel)

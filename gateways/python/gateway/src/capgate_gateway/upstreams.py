@@ -293,6 +293,13 @@ class UpstreamPool:
 
     async def _session(self, key: Key, transport: Transport, credential: str) -> _Session:
         fingerprint = sha256(f"{transport!r}\0{credential}".encode()).hexdigest()
+        current = self._sessions.get(key)
+        if current is not None and not current.closed.is_set() and current.fingerprint == fingerprint:
+            # The common case, checked before the lock: taking an anyio lock yields to the event
+            # loop even when it is free (a loop iteration on every call). What the lock guards
+            # (opening or replacing a session) is not done here, and a session found live is the
+            # one a caller holding the lock would have got.
+            return current
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = anyio.Lock()
