@@ -1,7 +1,8 @@
 //! The unary call (unary.ts) against a stand-in HTTP/2 server, for what a real capgate does not
 //! show: the request's framing and headers, a call given up on (cancelled on the wire too), a
 //! reset stream, an answer with one message too many or none, a compressed one, and a status
-//! with details in the head of a trailers-only answer. Against capgate itself, capgate.test.ts.
+//! with details in the head of a trailers-only answer or beside a `grpc-status: 0` in the
+//! trailers, a content type that is not gRPC. Against capgate itself, capgate.test.ts.
 
 import { strict as assert } from "node:assert";
 import { constants as h2, createServer, type Http2Server, type IncomingHttpHeaders, type ServerHttp2Stream } from "node:http2";
@@ -135,6 +136,31 @@ describe("a unary call, against a stand-in server", () => {
     handler = (stream) => {
       stream.respond({ ":status": 200, "content-type": "application/grpc+proto" }, { waitForTrailers: true });
       stream.once("wantTrailers", () => stream.sendTrailers({ "grpc-status": "14", "grpc-message": "going away" }));
+      stream.end(envelope(denyBytes()));
+    };
+    await assert.rejects(client.decide({ caller, tool: "a__b" }), { name: "CapgateError", code: "unavailable", detail: "going away" });
+  });
+
+  test("a message under a content type that is not gRPC's is an error, whatever its status says", async () => {
+    handler = (stream) => {
+      stream.respond({ ":status": 200, "content-type": "application/json" }, { waitForTrailers: true });
+      stream.once("wantTrailers", () => stream.sendTrailers({ "grpc-status": "0" }));
+      stream.end(envelope(denyBytes()));
+    };
+    await assert.rejects(client.decide({ caller, tool: "a__b" }), { name: "CapgateError", code: "unknown" });
+  });
+
+  test("status details in the trailers outweigh a grpc-status of 0 beside them", async () => {
+    const status = setTrailerStatus(
+      new Headers(),
+      new ConnectError("going away", Code.Unavailable, undefined, [
+        { desc: BadRequestSchema, value: { fieldViolations: [{ field: "tool", description: "x" }] } },
+      ]),
+    );
+    status.set("grpc-status", "0");
+    handler = (stream) => {
+      stream.respond({ ":status": 200, "content-type": "application/grpc+proto" }, { waitForTrailers: true });
+      stream.once("wantTrailers", () => stream.sendTrailers(Object.fromEntries(status)));
       stream.end(envelope(denyBytes()));
     };
     await assert.rejects(client.decide({ caller, tool: "a__b" }), { name: "CapgateError", code: "unavailable", detail: "going away" });
