@@ -152,9 +152,22 @@ async fn an_unreachable_store_denies_capped_calls_and_spools_what_it_answers() {
     let Some(outage) = Outage::start(Some(spool.path().to_owned())).await else {
         return;
     };
-    // Before the outage the capped grant allows, and is recorded in the store.
-    let before = outage.decide(capped()).await.expect("a decision");
-    assert_eq!(code(&before), ReasonCode::Granted);
+    // Before the outage the capped grant allows, and is recorded in the store. The store timeout
+    // here is a tenth of the default: on a loaded machine the very first capped call (its counter
+    // row created, each statement prepared) can overrun it and be answered `usage_unknown` — the
+    // outage behaviour checked below, not the healthy path. Seen twice with the suite sharing two
+    // cores with other builds and benchmarks (load average 8–9), never alone.
+    let deadline = Instant::now() + RECOVER_WITHIN;
+    let before = loop {
+        let answer = outage.decide(capped()).await.expect("a decision");
+        if code(&answer) == ReasonCode::Granted {
+            break answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the capped grant does not allow before the outage: {answer:?}"
+        );
+    };
     assert!(outage.stored_ids().await.contains(&before.decision_id));
 
     outage.proxy.cut();

@@ -2095,4 +2095,70 @@ mod plans {
         assert_by_key(&lines, &lines, "the write-back");
         tx.rollback().await.expect("rollback");
     }
+
+    /// The outcome and code indexes leave allows out (migration 0012). A generic plan, which a
+    /// pooled connection settles on, knows nothing of the bound value; the store's audit query
+    /// states the index's condition, so a search for denials or for a code other than `granted`
+    /// still goes through them, on every partition. In a schema of its own, migrated, with
+    /// 2 000 allows and 20 denials in each of two partitions, for one rolled-back transaction.
+    #[tokio::test]
+    async fn audit_queries_use_the_partial_indexes() {
+        let Some(mut connection) = connect().await else {
+            return;
+        };
+        let mut tx = connection.begin().await.expect("begin");
+        let schema = format!("capgate_plans_{}", std::process::id());
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE SCHEMA {schema}; SET LOCAL search_path = {schema}"
+        )))
+        .execute(&mut *tx)
+        .await
+        .expect("a schema of its own");
+        super::MIGRATOR.run(&mut *tx).await.expect("migrate");
+        sqlx::raw_sql(
+            "CREATE TABLE audit_log_p_old PARTITION OF audit_log FOR VALUES FROM (MINVALUE) TO (10000); \
+             CREATE TABLE audit_log_p_new PARTITION OF audit_log FOR VALUES FROM (10000) TO (MAXVALUE); \
+             INSERT INTO audit_log (decision_id, at, gateway, kind, outcome, code, door) \
+             SELECT 'd' || n || '-' || at, at, 'gw', 'decide', \
+                 CASE WHEN n % 100 = 0 THEN 'deny' ELSE 'allow' END, \
+                 CASE WHEN n % 100 = 0 THEN 'limit_exhausted' ELSE 'granted' END, 'capgate' \
+             FROM generate_series(1, 2020) AS n, unnest(ARRAY[n, 20000 + n]) AS at; \
+             ANALYZE audit_log; \
+             SET LOCAL plan_cache_mode = force_generic_plan",
+        )
+        .execute(&mut *tx)
+        .await
+        .expect("records");
+        for (outcome, code, index) in [
+            (Some("deny"), None, "_outcome_at"),
+            (None, Some("limit_exhausted"), "_code_at"),
+        ] {
+            let filter = crate::store::AuditFilter {
+                outcome: outcome.map(str::to_owned),
+                code: code.map(str::to_owned),
+                since_ms: Some(0),
+                limit: 50,
+                ..Default::default()
+            };
+            let mut built = super::sql::audit_query::<sqlx::Postgres>(&filter);
+            let statement = sqlx::Execute::sql(built.build());
+            let value = outcome.or(code).unwrap_or_default();
+            let lines = plan(
+                &mut tx,
+                statement.as_str(),
+                "text, bigint, bigint",
+                &format!("'{value}', 0, 50"),
+            )
+            .await;
+            let scans: Vec<&String> = lines
+                .iter()
+                .filter(|line| line.contains(" on audit_log_p"))
+                .collect();
+            assert!(
+                !scans.is_empty() && scans.iter().all(|line| line.contains(index)),
+                "{outcome:?} {code:?}: {lines:#?}"
+            );
+        }
+        tx.rollback().await.expect("rollback");
+    }
 }

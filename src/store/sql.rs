@@ -10,6 +10,7 @@
 //! The SQL that differs (locking, bulk inserts, notifications) lives in
 //! `postgres.rs` and `sqlite.rs`.
 
+use capgate_core::access::ReasonCode;
 use sqlx::{ColumnIndex, Database, Decode, Encode, QueryBuilder, Row, Type};
 
 use super::{
@@ -526,6 +527,11 @@ where
     query
 }
 
+/// The conditions of the partial indexes on `outcome` and `code` (migrations 0012 and 0011), as
+/// they are written there: a query that looks for another outcome or code says them too.
+const NOT_ALLOW: &str = " AND outcome <> 'allow'";
+const NOT_GRANTED: &str = " AND code <> 'granted'";
+
 /// ` WHERE TRUE AND …`: the conditions of a filter but its cursor, order and limit.
 fn audit_conditions<DB>(query: &mut QueryBuilder<DB>, filter: &AuditFilter)
 where
@@ -569,6 +575,21 @@ where
                 .push(format_args!(" AND {column} = "))
                 .push_bind(value.clone());
         }
+    }
+    // The outcome and code indexes hold no allows (migrations 0012/0011, docs/decisions/0037). A
+    // planner uses a partial index only where the query's conditions imply the index's, and with
+    // the value bound neither can tell: say it in the index's own words.
+    if outcome
+        .as_deref()
+        .is_some_and(|outcome| outcome != RecordOutcome::Allow.as_str())
+    {
+        query.push(NOT_ALLOW);
+    }
+    if code
+        .as_deref()
+        .is_some_and(|code| code != ReasonCode::Granted.as_str())
+    {
+        query.push(NOT_GRANTED);
     }
     if let Some(since) = since_ms {
         query.push(" AND at >= ").push_bind(*since);
