@@ -38,15 +38,15 @@ use tokio::sync::Mutex;
 use super::counting::{self, COUNT_USAGE};
 use super::retention::{self, Period, RangeBounds};
 use super::sql::{
-    self, ActivatePlan, ActivationRow, AuditIntegers, AuditRow, CounterRow, During, NoteRow, PolicyRow,
+    self, ActivatePlan, ActivationRow, AuditRow, AuditValues, CounterRow, During, NoteRow, PolicyRow,
     PublishPlan, RememberedRow, ResetRow, ShadowColumns, ShadowCountRow, ShadowPolicyRow, ShadowRow,
     StoredCounterRow,
 };
 use super::{
     ActivateOutcome, Activation, ActivationKind, Actor, AuditFilter, AuditGroup, AuditRecord, Claim,
     CommitGate, CounterAsk, CounterKey, CounterReading, DecisionNote, ExpectedRevision, Fingerprint,
-    GroupKey, LostAnswer, NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, RememberedEntry,
-    Settle, Shadow, ShadowCount, ShadowFilter, Store, StoreError, StoreOptions, StoreResult, StoredCounter,
+    GroupKey, LostAnswer, NewPolicy, PrunedPeriod, PublishOutcome, Remembered, RememberedEntry, Settle,
+    Shadow, ShadowCount, ShadowFilter, Store, StoreError, StoreOptions, StoreResult, StoredCounter,
     StoredPolicy, Tally, UsageReset,
 };
 
@@ -1839,68 +1839,39 @@ impl AuditArrays {
             shadow: Vec::new(),
         };
         for record in records {
-            let integers = AuditIntegers::of(record)?;
             columns.shadow.extend(ShadowColumns::of(record)?);
-            // Destructured so that a new field of `AuditRecord` fails to
-            // compile here until it has a column.
-            let AuditRecord {
-                decision_id,
-                at_ms,
-                request_id,
-                gateway,
-                kind,
-                outcome,
-                code,
-                path,
-                principal_id,
-                issuer,
-                subject,
-                capability,
-                tool,
-                account_id,
-                limit_calls: _,
-                limit_per,
-                usage_calls: _,
-                policy_version,
-                policy_revision: _,
-                visible_count: _,
-                visible,
-                door,
-                first_decision_id,
-                arguments_digest,
-                arguments,
-                arguments_omitted: _,
-                attributes,
-                // Its own table's row, above.
-                shadow: _,
-            } = record;
-            columns.decision_id.push(decision_id.clone());
-            columns.at.push(*at_ms);
-            columns.request_id.push(request_id.clone());
-            columns.gateway.push(gateway.clone());
-            columns.kind.push(kind.as_str());
-            columns.outcome.push(outcome.as_str());
-            columns.code.push(code.map(RecordCode::as_str));
-            columns.path.push(path.clone());
-            columns.principal_id.push(principal_id.clone());
-            columns.issuer.push(issuer.clone());
-            columns.subject.push(subject.clone());
-            columns.capability.push(capability.clone());
-            columns.tool.push(tool.clone());
-            columns.account_id.push(account_id.clone());
-            columns.limit_calls.push(integers.limit_calls);
-            columns.limit_per.push(limit_per.clone());
-            columns.usage_calls.push(integers.usage_calls);
-            columns.policy_version.push(policy_version.clone());
-            columns.policy_revision.push(integers.policy_revision);
-            columns.visible_count.push(integers.visible_count);
-            columns.visible.push(sql::join_visible(visible));
-            columns.door.push(door.as_str());
-            columns.first_decision_id.push(first_decision_id.clone());
-            columns.arguments_digest.push(arguments_digest.clone());
-            columns.arguments.push(arguments.clone());
-            columns.arguments_omitted.push(integers.arguments_omitted);
-            columns.attributes.push(attributes.clone());
+            let row = AuditValues::of(record)?;
+            columns.decision_id.push(row.decision_id.to_owned());
+            columns.at.push(row.at);
+            columns.request_id.push(row.request_id.map(str::to_owned));
+            columns.gateway.push(row.gateway.to_owned());
+            columns.kind.push(row.kind);
+            columns.outcome.push(row.outcome);
+            columns.code.push(row.code);
+            columns.path.push(row.path.map(str::to_owned));
+            columns.principal_id.push(row.principal_id.map(str::to_owned));
+            columns.issuer.push(row.issuer.map(str::to_owned));
+            columns.subject.push(row.subject.map(str::to_owned));
+            columns.capability.push(row.capability.map(str::to_owned));
+            columns.tool.push(row.tool.map(str::to_owned));
+            columns.account_id.push(row.account_id.map(str::to_owned));
+            columns.limit_calls.push(row.limit_calls);
+            columns.limit_per.push(row.limit_per.map(str::to_owned));
+            columns.usage_calls.push(row.usage_calls);
+            columns.policy_version.push(row.policy_version.map(str::to_owned));
+            columns.policy_revision.push(row.policy_revision);
+            columns.visible_count.push(row.visible_count);
+            columns.visible.push(row.visible);
+            columns.door.push(row.door);
+            columns
+                .first_decision_id
+                .push(row.first_decision_id.map(str::to_owned));
+            columns
+                .arguments_digest
+                .push(row.arguments_digest.map(str::to_owned));
+            columns.arguments.push(row.arguments.map(str::to_owned));
+            columns.arguments_omitted.push(row.arguments_omitted);
+            columns.attributes.push(row.attributes.map(str::to_owned));
         }
         Ok(columns)
     }

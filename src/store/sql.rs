@@ -412,25 +412,103 @@ pub(super) const AUDIT_COLUMNS: &str = "decision_id, at, request_id, gateway, ki
      policy_version, policy_revision, visible_count, visible, door, first_decision_id, arguments_digest, \
      arguments, arguments_omitted, attributes";
 
-/// An audit record's integer columns as `BIGINT`s, checked before anything
-/// is written.
-pub(super) struct AuditIntegers {
+/// A record as the values of its `audit_log` row, field by field in [`AUDIT_COLUMNS`]' order:
+/// what both stores write (SQLite binds them row after row, PostgreSQL gathers them into one
+/// array per column). The integers are `BIGINT`s, checked before anything is written.
+pub(super) struct AuditValues<'a> {
+    pub(super) decision_id: &'a str,
+    pub(super) at: i64,
+    pub(super) request_id: Option<&'a str>,
+    pub(super) gateway: &'a str,
+    pub(super) kind: &'static str,
+    pub(super) outcome: &'static str,
+    pub(super) code: Option<&'static str>,
+    pub(super) path: Option<&'a str>,
+    pub(super) principal_id: Option<&'a str>,
+    pub(super) issuer: Option<&'a str>,
+    pub(super) subject: Option<&'a str>,
+    pub(super) capability: Option<&'a str>,
+    pub(super) tool: Option<&'a str>,
+    pub(super) account_id: Option<&'a str>,
     pub(super) limit_calls: Option<i64>,
+    pub(super) limit_per: Option<&'a str>,
     pub(super) usage_calls: Option<i64>,
+    pub(super) policy_version: Option<&'a str>,
     pub(super) policy_revision: Option<i64>,
     pub(super) visible_count: Option<i64>,
+    pub(super) visible: Option<String>,
+    pub(super) door: &'static str,
+    pub(super) first_decision_id: Option<&'a str>,
+    pub(super) arguments_digest: Option<&'a str>,
+    pub(super) arguments: Option<&'a str>,
     pub(super) arguments_omitted: Option<i64>,
+    pub(super) attributes: Option<&'a str>,
 }
 
-impl AuditIntegers {
-    pub(super) fn of(record: &AuditRecord) -> StoreResult<Self> {
-        let opt = |value: Option<u64>, column| value.map(|value| to_bigint(value, column)).transpose();
-        Ok(AuditIntegers {
-            limit_calls: opt(record.limit_calls, "limit_calls")?,
-            usage_calls: opt(record.usage_calls, "usage_calls")?,
-            policy_revision: opt(record.policy_revision, "policy_revision")?,
-            visible_count: opt(record.visible_count, "visible_count")?,
-            arguments_omitted: opt(record.arguments_omitted, "arguments_omitted")?,
+impl<'a> AuditValues<'a> {
+    pub(super) fn of(record: &'a AuditRecord) -> StoreResult<Self> {
+        // Destructured so that a new field of `AuditRecord` fails to compile here until it has a
+        // column.
+        let AuditRecord {
+            decision_id,
+            at_ms,
+            request_id,
+            gateway,
+            kind,
+            outcome,
+            code,
+            path,
+            principal_id,
+            issuer,
+            subject,
+            capability,
+            tool,
+            account_id,
+            limit_calls,
+            limit_per,
+            usage_calls,
+            policy_version,
+            policy_revision,
+            visible_count,
+            visible,
+            door,
+            first_decision_id,
+            arguments_digest,
+            arguments,
+            arguments_omitted,
+            attributes,
+            // Its own table's row: `ShadowColumns`.
+            shadow: _,
+        } = record;
+        let bigint = |value: &Option<u64>, column| value.map(|value| to_bigint(value, column)).transpose();
+        Ok(AuditValues {
+            decision_id,
+            at: *at_ms,
+            request_id: request_id.as_deref(),
+            gateway,
+            kind: kind.as_str(),
+            outcome: outcome.as_str(),
+            code: code.map(RecordCode::as_str),
+            path: path.as_deref(),
+            principal_id: principal_id.as_deref(),
+            issuer: issuer.as_deref(),
+            subject: subject.as_deref(),
+            capability: capability.as_deref(),
+            tool: tool.as_deref(),
+            account_id: account_id.as_deref(),
+            limit_calls: bigint(limit_calls, "limit_calls")?,
+            limit_per: limit_per.as_deref(),
+            usage_calls: bigint(usage_calls, "usage_calls")?,
+            policy_version: policy_version.as_deref(),
+            policy_revision: bigint(policy_revision, "policy_revision")?,
+            visible_count: bigint(visible_count, "visible_count")?,
+            visible: join_visible(visible),
+            door: door.as_str(),
+            first_decision_id: first_decision_id.as_deref(),
+            arguments_digest: arguments_digest.as_deref(),
+            arguments: arguments.as_deref(),
+            arguments_omitted: bigint(arguments_omitted, "arguments_omitted")?,
+            attributes: attributes.as_deref(),
         })
     }
 }

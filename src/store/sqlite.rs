@@ -41,15 +41,15 @@ use tokio::sync::{Mutex, MutexGuard};
 use super::counting::{self, COUNT_USAGE};
 use super::retention::{self, Period};
 use super::sql::{
-    self, ActivatePlan, ActivationRow, AuditIntegers, AuditRow, CounterRow, During, NoteRow, PolicyRow,
+    self, ActivatePlan, ActivationRow, AuditRow, AuditValues, CounterRow, During, NoteRow, PolicyRow,
     PublishPlan, RememberedRow, ResetRow, ShadowColumns, ShadowCountRow, ShadowPolicyRow, ShadowRow,
     StoredCounterRow, AUDIT_COLUMNS,
 };
 use super::{
     ActivateOutcome, Activation, ActivationKind, Actor, AuditFilter, AuditGroup, AuditRecord, Claim,
     CommitGate, CounterAsk, CounterKey, CounterReading, DecisionNote, ExpectedRevision, Fingerprint,
-    GroupKey, LostAnswer, NewPolicy, PrunedPeriod, PublishOutcome, RecordCode, Remembered, RememberedEntry,
-    Settle, Shadow, ShadowCount, ShadowFilter, Store, StoreError, StoreOptions, StoreResult, StoredCounter,
+    GroupKey, LostAnswer, NewPolicy, PrunedPeriod, PublishOutcome, Remembered, RememberedEntry, Settle,
+    Shadow, ShadowCount, ShadowFilter, Store, StoreError, StoreOptions, StoreResult, StoredCounter,
     StoredPolicy, Tally, UsageReset,
 };
 
@@ -209,79 +209,45 @@ async fn insert_audit(
     remembered: &[RememberedEntry],
     operation: &'static str,
 ) -> StoreResult<()> {
-    let integers = records
+    let values = records
         .iter()
-        .map(AuditIntegers::of)
+        .map(AuditValues::of)
         .collect::<StoreResult<Vec<_>>>()?;
     // Several rows per statement, inside one transaction: SQLite runs in-process, but sqlx runs
     // each statement on the connection's own thread, so a statement is a hand-off between threads
     // each way, and one per row was most of an append (docs/benchmarks.md, "SQLite's append
     // ceiling"); the transaction makes the batch durable with one sync.
-    let mut integers = integers.into_iter();
-    for chunk in chunks(records) {
+    for chunk in chunks(&values) {
         let mut query = sqlx::query(insert_audit_rows(chunk.len()));
-        for (record, integers) in chunk.iter().zip(integers.by_ref()) {
-            // Destructured so that a new field of `AuditRecord` fails to
-            // compile here until it has a column.
-            let AuditRecord {
-                decision_id,
-                at_ms,
-                request_id,
-                gateway,
-                kind,
-                outcome,
-                code,
-                path,
-                principal_id,
-                issuer,
-                subject,
-                capability,
-                tool,
-                account_id,
-                limit_calls: _,
-                limit_per,
-                usage_calls: _,
-                policy_version,
-                policy_revision: _,
-                visible_count: _,
-                visible,
-                door,
-                first_decision_id,
-                arguments_digest,
-                arguments,
-                arguments_omitted: _,
-                attributes,
-                // Its own table's row: `insert_shadow_differences`.
-                shadow: _,
-            } = record;
+        for row in chunk {
             query = query
-                .bind(decision_id)
-                .bind(at_ms)
-                .bind(request_id)
-                .bind(gateway)
-                .bind(kind.as_str())
-                .bind(outcome.as_str())
-                .bind(code.map(RecordCode::as_str))
-                .bind(path)
-                .bind(principal_id)
-                .bind(issuer)
-                .bind(subject)
-                .bind(capability)
-                .bind(tool)
-                .bind(account_id)
-                .bind(integers.limit_calls)
-                .bind(limit_per)
-                .bind(integers.usage_calls)
-                .bind(policy_version)
-                .bind(integers.policy_revision)
-                .bind(integers.visible_count)
-                .bind(sql::join_visible(visible))
-                .bind(door.as_str())
-                .bind(first_decision_id)
-                .bind(arguments_digest)
-                .bind(arguments)
-                .bind(integers.arguments_omitted)
-                .bind(attributes);
+                .bind(row.decision_id)
+                .bind(row.at)
+                .bind(row.request_id)
+                .bind(row.gateway)
+                .bind(row.kind)
+                .bind(row.outcome)
+                .bind(row.code)
+                .bind(row.path)
+                .bind(row.principal_id)
+                .bind(row.issuer)
+                .bind(row.subject)
+                .bind(row.capability)
+                .bind(row.tool)
+                .bind(row.account_id)
+                .bind(row.limit_calls)
+                .bind(row.limit_per)
+                .bind(row.usage_calls)
+                .bind(row.policy_version)
+                .bind(row.policy_revision)
+                .bind(row.visible_count)
+                .bind(row.visible.as_deref())
+                .bind(row.door)
+                .bind(row.first_decision_id)
+                .bind(row.arguments_digest)
+                .bind(row.arguments)
+                .bind(row.arguments_omitted)
+                .bind(row.attributes);
         }
         query.execute(&mut *tx).await.during(operation)?;
     }
@@ -365,8 +331,8 @@ fn read_counters(keys: usize) -> AssertSqlSafe<String> {
 }
 
 /// The statement that appends `rows` audit records (`rows` a size [`chunks`] makes), bound in
-/// [`AUDIT_COLUMNS`]' order (the order `insert_audit` binds them in), row after row. Built once per size: at 64 rows, 1,728
-/// placeholders. They are anonymous (`?`), not numbered: sqlx asks SQLite each numbered
+/// [`AUDIT_COLUMNS`]' order ([`AuditValues`]' fields, as `insert_audit` binds them), row after
+/// row. Built once per size: at 64 rows, 1,728 placeholders. They are anonymous (`?`), not numbered: sqlx asks SQLite each numbered
 /// parameter's name, which SQLite finds by walking a list of them all, so binding `$1 … $1728`
 /// took time in the square of their count and made this statement slower than one per row.
 fn insert_audit_rows(rows: usize) -> &'static str {
