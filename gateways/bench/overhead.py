@@ -6,7 +6,8 @@ N times in a row after a warm-up — directly, then through the Python gateway, 
 TypeScript gateway, each with `--call-path sdk` (both MCP SDK stacks per call, the baseline) and
 `--call-path direct` (tools/call relayed below the SDKs, the default), all asking a real
 `capgate serve` (SQLite) with a bearer JWT. capgate's
-Decide is timed alone too, from a gRPC client, the same N times with the same credential.
+Decide is timed alone too, from a gRPC client, the same N times with the same credential and
+the request a gateway sends (a fresh request id, the call's arguments).
 
 It prints, per path, p50 and p99 of the call, the gateway's overhead over the direct call, how
 much of that is Decide, and the CPU time each process spent per call (from /proc: less
@@ -25,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,15 +134,25 @@ async def mcp_calls(url: str, tool: str, token: str | None, warmup: int, calls: 
 
 
 async def decide_calls(capgate_url: str, gateway_token: str, token: str, warmup: int, calls: int,
-                       watch: dict[str, int]) -> Timings:
+                       watch: dict[str, int], keyed: bool) -> Timings:
+    """`Decide` from a gRPC client. `keyed`: the request the gateways send for a tools/call, a fresh
+    request id (which capgate claims in its store before deciding, docs/decisions/0027) and the
+    call's arguments as compact JSON; the goal's `Decide` is this one. Otherwise the bare request
+    (the tool alone), for comparison with the runs before it was measured keyed."""
+    arguments = json.dumps(ARGUMENTS, separators=(",", ":"))
     async with CapgateClient(capgate_url, token=gateway_token, timeout=5.0) as capgate:
 
         async def call() -> None:
-            answer = await capgate.decide(Credential.bearer(token), tool=TOOL)
+            if keyed:
+                answer = await capgate.decide(Credential.bearer(token), tool=TOOL, request_id=str(uuid.uuid4()),
+                                              arguments_json=arguments)
+            else:
+                answer = await capgate.decide(Credential.bearer(token), tool=TOOL)
             if not isinstance(answer, Allow):
                 raise RuntimeError(f"Decide did not allow the call: {answer}")
 
-        return await timed_calls(call, warmup, calls, watch, "Decide alone (gRPC)")
+        name = "Decide alone (gRPC)" if keyed else "Decide alone, bare (no id)"
+        return await timed_calls(call, warmup, calls, watch, name)
 
 
 def callgrind_instructions(out_file: Path) -> int:
@@ -248,7 +260,9 @@ def main() -> None:
                 anyio.run(mcp_calls, upstream_url, "echo", None, args.warmup, args.calls,
                           {"upstream": upstream.proc.pid}, "direct"),
                 anyio.run(decide_calls, capgate.url, gateway_token, caller, args.warmup, args.calls,
-                          {"capgate": capgate.process.proc.pid}),
+                          {"capgate": capgate.process.proc.pid}, True),
+                anyio.run(decide_calls, capgate.url, gateway_token, caller, args.warmup, args.calls,
+                          {"capgate": capgate.process.proc.pid}, False),
             ]
             instructions: dict[str, float] = {}
             # Each gateway with each call path, one after the other in the same run: the SDK path
@@ -278,7 +292,7 @@ def main() -> None:
 
 
 def report(results: list[Timings], instructions: dict[str, float], args: argparse.Namespace) -> None:
-    direct, decide, *gateways = results
+    direct, decide, _bare, *gateways = results
     print(f"\n{args.calls} sequential calls after {args.warmup} warm-up calls; capgate: {capgate_bin()}")
     print(f"{'path':42} {'p50 ms':>8} {'p99 ms':>8} {'×direct':>8}   CPU ms per call")
     for t in results:
