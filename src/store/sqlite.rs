@@ -73,6 +73,9 @@ const PRUNE_BATCH: i64 = 5_000;
 #[derive(Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    /// One connection for request claims alone, whose commits do not sync the log
+    /// (`synchronous = NORMAL`): see `claim_request`. Nothing else writes through it.
+    claims: SqlitePool,
     /// Held by every writer of this store value (and its clones) while it
     /// writes: one writer at a time, in arrival order (tokio's mutex is fair).
     writer: Arc<Mutex<()>>,
@@ -113,6 +116,12 @@ impl SqliteStore {
             .close()
             .await
             .during("connect")?;
+        let claims = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect_options.clone().synchronous(SqliteSynchronous::Normal))
+            .await
+            .during("connect")?;
         let pool = SqlitePoolOptions::new()
             .max_connections(options.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS))
             .acquire_timeout(options.acquire_timeout)
@@ -121,6 +130,7 @@ impl SqliteStore {
             .during("connect")?;
         Ok(SqliteStore {
             pool,
+            claims,
             writer: Arc::new(Mutex::new(())),
         })
     }
@@ -878,6 +888,11 @@ impl Store for SqliteStore {
         now_ms: i64,
         stale_before_ms: i64,
     ) -> StoreResult<Claim> {
+        // A claim need not survive a crash: lost, a copy of the request decides again, as before
+        // claims existed (docs/decisions/0016; PostgreSQL commits it without flushing its WAL).
+        // So it goes through `claims`, whose commit appends to the log without syncing it; the
+        // next audit commit's sync (FULL, every other connection) takes it to the disk too, since
+        // the log is one file written in order. Same visibility to every other connection.
         let won = {
             let _turn = self.write_turn().await;
             sqlx::query(sql::claim_request!(""))
@@ -886,7 +901,7 @@ impl Store for SqliteStore {
                 .bind(now_ms)
                 .bind(stale_before_ms)
                 .bind(&fingerprint[..])
-                .fetch_optional(&self.pool)
+                .fetch_optional(&self.claims)
                 .await
                 .during("claim_request")?
         };
@@ -1159,6 +1174,55 @@ mod tests {
             let seen: Vec<usize> = chunks(&items).flatten().copied().collect();
             assert_eq!(seen, items);
         }
+    }
+
+    /// Audit commits sync the log (the durability invariant); claims, which may be lost, do not,
+    /// and are still seen at once by every other connection.
+    #[tokio::test]
+    async fn only_claims_commit_without_syncing_the_log() {
+        let directory = tempfile::tempdir().expect("temporary directory");
+        let url = format!("sqlite://{}", directory.path().join("claims.db").display());
+        let store = SqliteStore::connect(&url, &StoreOptions::default())
+            .await
+            .expect("connect");
+        store.migrate().await.expect("migrate");
+        let synchronous = |pool: &SqlitePool| {
+            let pool = pool.clone();
+            async move {
+                sqlx::query_scalar::<_, i64>("PRAGMA synchronous")
+                    .fetch_one(&pool)
+                    .await
+                    .expect("pragma")
+            }
+        };
+        // SQLite's codes: 1 NORMAL, 2 FULL.
+        assert_eq!(synchronous(&store.pool).await, 2, "audit and counters");
+        assert_eq!(synchronous(&store.claims).await, 1, "claims");
+
+        let claim = store
+            .claim_request("gw", "r-1", &[7; 32], 1_000, 0)
+            .await
+            .expect("claim");
+        assert!(matches!(claim, Claim::Won), "{claim:?}");
+        // Written on the claims connection (its one connection counts the row it changed)...
+        let changed: i64 = sqlx::query_scalar("SELECT total_changes()")
+            .fetch_one(&store.claims)
+            .await
+            .expect("total_changes");
+        assert_eq!(changed, 1, "the claim went through the claims connection");
+        // ...and seen at once on the others.
+        let holder: Option<Vec<u8>> = sqlx::query_scalar(sql::CLAIM_FINGERPRINT)
+            .bind("gw")
+            .bind("r-1")
+            .fetch_one(&store.pool)
+            .await
+            .expect("the claim, read on the audit pool");
+        assert_eq!(holder.as_deref(), Some(&[7; 32][..]));
+        let again = store
+            .claim_request("gw", "r-1", &[7; 32], 1_001, 0)
+            .await
+            .expect("claim again");
+        assert!(matches!(again, Claim::Taken { .. }), "{again:?}");
     }
 
     #[tokio::test]
