@@ -143,11 +143,9 @@ async def decide_calls(capgate_url: str, gateway_token: str, token: str, warmup:
     async with CapgateClient(capgate_url, token=gateway_token, timeout=5.0) as capgate:
 
         async def call() -> None:
-            if keyed:
-                answer = await capgate.decide(Credential.bearer(token), tool=TOOL, request_id=str(uuid.uuid4()),
-                                              arguments_json=arguments)
-            else:
-                answer = await capgate.decide(Credential.bearer(token), tool=TOOL)
+            answer = await capgate.decide(Credential.bearer(token), tool=TOOL,
+                                          request_id=str(uuid.uuid4()) if keyed else "",
+                                          arguments_json=arguments if keyed else None)
             if not isinstance(answer, Allow):
                 raise RuntimeError(f"Decide did not allow the call: {answer}")
 

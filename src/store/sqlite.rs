@@ -1186,15 +1186,12 @@ mod tests {
             .await
             .expect("connect");
         store.migrate().await.expect("migrate");
-        let synchronous = |pool: &SqlitePool| {
-            let pool = pool.clone();
-            async move {
-                sqlx::query_scalar::<_, i64>("PRAGMA synchronous")
-                    .fetch_one(&pool)
-                    .await
-                    .expect("pragma")
-            }
-        };
+        async fn synchronous(pool: &SqlitePool) -> i64 {
+            sqlx::query_scalar("PRAGMA synchronous")
+                .fetch_one(pool)
+                .await
+                .expect("pragma")
+        }
         // SQLite's codes: 1 NORMAL, 2 FULL.
         assert_eq!(synchronous(&store.pool).await, 2, "audit and counters");
         assert_eq!(synchronous(&store.claims).await, 1, "claims");
